@@ -1,0 +1,218 @@
+//! AVX2 + FMA + F16C path. A vector holds 8 consecutive lanes of a tile
+//! (lanes 8g..8g+7 for group g = 0..3); vector (g, j) holds value j of
+//! those lanes. Its rows are `[0,2,4,6,0,2,4,6] + rj` with
+//! `rj = (j&1) + 8*((j>>1)&1)`, its columns `2g + 8*(j>=4) + [0,0,0,0,1,1,1,1]`,
+//! so products accumulate in 8 "lane-layout" vectors per tile, reduced to
+//! 16 columns once at the end.
+
+use super::tables::{fill_ext, group_windows, state_window, GroupWindow, EXT_WORDS};
+use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use core::arch::x86_64::*;
+
+type Tabs = [[GroupWindow<8>; 4]; 2];
+static TAB2: Tabs = group_windows::<8, 4>(2);
+static TAB3: Tabs = group_windows::<8, 4>(3);
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ld8(v: &[u32; 8]) -> __m256i {
+    _mm256_loadu_si256(v.as_ptr() as *const __m256i)
+}
+
+/// The 8 lane windows of group `gw`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
+    let v = _mm256_loadu_si256(ext.as_ptr().add(gw.base) as *const __m256i);
+    let a = _mm256_permutevar8x32_epi32(v, _mm256_loadu_si256(gw.idx_a.as_ptr() as *const __m256i));
+    let b = _mm256_permutevar8x32_epi32(v, _mm256_loadu_si256(gw.idx_b.as_ptr() as *const __m256i));
+    _mm256_or_si256(_mm256_sllv_epi32(a, ld8(&gw.shl)), _mm256_srlv_epi32(b, ld8(&gw.shr)))
+}
+
+/// Codebook values of 8 states (in the low 16 bits of each lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cb8(s: __m256i) -> __m256 {
+    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CB_MUL as i32));
+    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CB_MASK as i32)), _mm256_set1_epi32(CB_XOR as i32));
+    // Low halves to bytes 0..8, high halves to 8..16 of each 128-bit lane,
+    // then gather both 128-bit lanes' low (high) halves together.
+    let ctl = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+    );
+    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(r, ctl));
+    let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p));
+    // Exact f32 sum, one RNE rounding to f16: the contract's f16 addition.
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_add_ps(lo, hi)))
+}
+
+/// State vector (g, j) from the group's windows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
+    let (h, sh) = state_window(K, j);
+    _mm256_and_si256(_mm256_srl_epi32(w[h], _mm_cvtsi32_si128(sh as i32)), _mm256_set1_epi32(0xFFFF))
+}
+
+/// The 4 input vectors of one 16-row tile row: `xv[j&3]` pairs with state j.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
+    let lo = _mm256_loadu_ps(x);
+    let hi = _mm256_loadu_ps(x.add(8));
+    let ev = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    let od = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    [
+        _mm256_permutevar8x32_ps(lo, ev),
+        _mm256_permutevar8x32_ps(lo, od),
+        _mm256_permutevar8x32_ps(hi, ev),
+        _mm256_permutevar8x32_ps(hi, od),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
+    let off = job.tile_offset(kt, nt);
+    fill_ext(&job.code[off..off + 16 * K], K, ext);
+}
+
+/// Decodes one tile and accumulates it against one row's input vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m256; 4], acc: &mut [__m256; 8]) {
+    for g in 0..4 {
+        let w0 = window(ext, &tabs[0][g]);
+        let w = [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }];
+        for j in 0..8 {
+            let v = cb8(states::<K>(&w, j));
+            let a = &mut acc[g * 2 + (j >> 2)];
+            *a = _mm256_fmadd_ps(v, xv[j & 3], *a);
+        }
+    }
+}
+
+/// Decodes one tile into 32 lane-layout vectors (index g*8 + j).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_decode<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, out: *mut f32) {
+    for g in 0..4 {
+        let w0 = window(ext, &tabs[0][g]);
+        let w = [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }];
+        for j in 0..8 {
+            _mm256_storeu_ps(out.add((g * 8 + j) * 8), cb8(states::<K>(&w, j)));
+        }
+    }
+}
+
+/// Sums lanes 0..4 and 4..8 of each accumulator into the tile's 16 columns.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
+    for g in 0..4 {
+        for jh in 0..2 {
+            let v = acc[g * 2 + jh];
+            let s = _mm256_hadd_ps(v, v);
+            let s = _mm256_hadd_ps(s, s);
+            let c = 2 * g + 8 * jh;
+            mid[c] += _mm_cvtss_f32(_mm256_castps256_ps128(s));
+            mid[c + 1] += _mm_cvtss_f32(_mm256_extractf128_ps::<1>(s));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+    let mut acc = [[_mm256_setzero_ps(); 8]; BLOCK_TILES];
+    let mut ext = [0u32; EXT_WORDS];
+    let x = job.xh[job.rows[0] * job.ic..].as_ptr();
+    for kt in 0..job.kt_n() {
+        let xv = xvecs(x.add(kt * TILE));
+        for (tl, a) in acc.iter_mut().enumerate() {
+            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            tile_fma::<K>(&ext, tabs, &xv, a);
+        }
+    }
+    for (tl, a) in acc.iter().enumerate() {
+        reduce(a, &mut mid[tl * TILE..(tl + 1) * TILE]);
+    }
+}
+
+/// Tile rows of the block decoded per pass (then applied to every row).
+const KC: usize = 2;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm<const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+    let m = job.rows.len();
+    let per_row = BLOCK_TILES * 64;
+    let (accs, rest) = scratch.split_at_mut(m * per_row);
+    let dec = &mut rest[..KC * BLOCK_TILES * 256];
+    accs.fill(0.0);
+    let mut ext = [0u32; EXT_WORDS];
+    let kt_n = job.kt_n();
+    let mut kt0 = 0;
+    while kt0 < kt_n {
+        let kc = KC.min(kt_n - kt0);
+        for c in 0..kc {
+            for tl in 0..BLOCK_TILES {
+                load_ext::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, &mut ext);
+                tile_decode::<K>(&ext, tabs, dec.as_mut_ptr().add((c * BLOCK_TILES + tl) * 256));
+            }
+        }
+        for (i, &row) in job.rows.iter().enumerate() {
+            let x = job.xh[row * job.ic..].as_ptr();
+            let mut xv = [[_mm256_setzero_ps(); 4]; KC];
+            for (c, v) in xv.iter_mut().enumerate().take(kc) {
+                *v = xvecs(x.add((kt0 + c) * TILE));
+            }
+            for tl in 0..BLOCK_TILES {
+                let ap = accs.as_mut_ptr().add(i * per_row + tl * 64);
+                let mut a = [_mm256_setzero_ps(); 8];
+                for (q, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(ap.add(q * 8));
+                }
+                for (c, xvc) in xv.iter().enumerate().take(kc) {
+                    let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
+                    for g in 0..4 {
+                        for j in 0..8 {
+                            let q = g * 2 + (j >> 2);
+                            a[q] = _mm256_fmadd_ps(_mm256_loadu_ps(d.add((g * 8 + j) * 8)), xvc[j & 3], a[q]);
+                        }
+                    }
+                }
+                for (q, v) in a.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(q * 8), *v);
+                }
+            }
+        }
+        kt0 += kc;
+    }
+    for i in 0..m {
+        for tl in 0..BLOCK_TILES {
+            let ap = accs.as_ptr().add(i * per_row + tl * 64);
+            let mut a = [_mm256_setzero_ps(); 8];
+            for (q, v) in a.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(ap.add(q * 8));
+            }
+            reduce(&a, &mut mid[i * BLOCK_COLS + tl * TILE..][..TILE]);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `job` must be consistent (see
+/// `Kernel::block_mid`), `mid` hold `rows * 128` zeroed floats and
+/// `scratch` at least `scratch_floats(rows) - rows * 128`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    match (job.k, job.rows.len()) {
+        (2, 1) => gemv::<2>(job, mid),
+        (3, 1) => gemv::<3>(job, mid),
+        (2, _) => gemm::<2>(job, mid, scratch),
+        _ => gemm::<3>(job, mid, scratch),
+    }
+}

@@ -1,0 +1,27 @@
+//! escha-ggml: the Escha-W2 trellis weight format (2/3-bit, QTIP family)
+//! for the llama.cpp / ggml ecosystem.
+//!
+//! Layers, from the contract outwards:
+//! - [`codec`]: codebook, bitstream, tile order, `reconstruct`;
+//! - [`hadamard`]: the 128-point Walsh-Hadamard transform and its scale;
+//! - [`reference`]: the linear / MoE forward exactly as the contract states;
+//! - [`validate`]: shape and checkpoint-leaf validation with named errors;
+//! - [`cpu`]: fast decode-and-multiply kernels (runtime SIMD dispatch);
+//! - [`cref`]: the C reference in `ggml-escha/`, linked for cross-checks;
+//! - [`rawio`]: the raw little-endian golden-file convention of the CLI.
+//!
+//! The format is specified in `docs/FORMAT.md`.
+
+pub mod codec;
+pub mod cpu;
+pub mod cref;
+pub mod error;
+pub mod hadamard;
+pub mod rawio;
+pub mod reference;
+pub mod validate;
+#[doc(hidden)]
+pub mod testutil;
+
+pub use error::{EschaError, Result};
+pub use validate::{LinearShape, MoeShape};
