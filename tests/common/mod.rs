@@ -68,10 +68,9 @@ pub fn ulp16(v: f64) -> f64 {
 ///   |dmid[c]| <= 2 (IC-1) u S[c],  S[c] = sum_r |xh[r] W[r,c]|
 ///   D[c] = RS |rout_eff[c]| (sum_{c' in blk} |dmid[c']| + 14 u sum |mid|) (1 + 4u) + 4u |v[c]|
 ///   |y_a - y_b| <= D[c] + ulp16(|v[c]| + D[c])  (+ ulp16 of the biased value)
-pub fn order_bound(p: &Problem, x: &[f32], m: usize) -> Vec<f64> {
-    let l = p.linear();
-    let (ic, oc) = (p.shape.ic, p.shape.oc);
-    let w = reconstruct(&p.code, p.shape);
+pub fn order_bound(l: &Linear, x: &[f32], m: usize) -> Vec<f64> {
+    let (ic, oc) = (l.shape.ic, l.shape.oc);
+    let w = reconstruct(l.code, l.shape);
     let (rin_eff, rout_eff) = l.folded();
     let u = 2f64.powi(-24);
     let rs = escha_ggml::hadamard::RS as f64;
@@ -106,7 +105,7 @@ pub fn order_bound(p: &Problem, x: &[f32], m: usize) -> Vec<f64> {
                 let v = rs * (rout_eff[c] as f64 * hm[c % 128]).abs();
                 let d = rs * (rout_eff[c] as f64).abs() * (dmid + 14.0 * u * absmid) * (1.0 + 4.0 * u) + 4.0 * u * v;
                 let mut b = d + ulp16(v + d);
-                if let Some(bias) = &p.bias {
+                if let Some(bias) = l.bias {
                     b += ulp16(v + d + bias[c].abs() as f64);
                 }
                 out.push(b);
