@@ -1,1 +1,46 @@
-fn main(){}
+//! Criterion benches of the CPU kernels on the 27B-class shapes:
+//! 5120x17408 K=2 (gate/up-like) and 17408x5120 K=3 (down-like), at M = 1,
+//! 8 and 64 rows, single thread. Throughput is reported in weights
+//! (IC * OC * M multiply-adds per call), so "elements/s" reads as weights/s.
+//!
+//! `cargo bench --bench linear` (set ESCHA_CPU_ISA to pin a path).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use escha_ggml::cpu::{CpuLinear, Kernel};
+use escha_ggml::reference::Linear;
+use escha_ggml::testutil::Rng;
+use escha_ggml::LinearShape;
+use std::time::Duration;
+
+fn bench(c: &mut Criterion) {
+    let kernel = Kernel::best();
+    let mut g = c.benchmark_group(format!("escha_linear_{}", kernel.isa.name()));
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for (k, ic, oc) in [(2usize, 5120usize, 17408usize), (3, 17408, 5120)] {
+        let mut rng = Rng::new(1);
+        let shape = LinearShape::new("bench", k, ic, oc).unwrap();
+        let code = rng.code(shape.code_len());
+        let rin = rng.f16s(ic, 0.0, 1.0);
+        let rout = rng.f16s(oc, 0.0, 0.02);
+        let l = Linear { name: "bench", shape, code: &code, rin: &rin, rout: &rout, s_in: None, s_out: None, bias: None };
+        let lin = CpuLinear::new(&l, kernel).unwrap();
+        for m in [1usize, 8, 64] {
+            let x = rng.f32s(m * ic, 0.0, 1.0);
+            let mut xh = vec![0f32; m * ic];
+            let mut y = vec![0f32; m * oc];
+            let mut scratch = vec![0f32; lin.scratch_floats(m)];
+            g.throughput(Throughput::Elements((ic * oc * m) as u64));
+            g.bench_with_input(BenchmarkId::new(format!("{ic}x{oc}_k{k}"), format!("m{m}")), &m, |b, &m| {
+                b.iter(|| {
+                    lin.transform_input(&x, m, &mut xh, 0, 1);
+                    // SAFETY: single writer, y holds m*OC floats.
+                    unsafe { lin.compute_shared(&xh, m, y.as_mut_ptr(), 0, 1, &mut scratch) };
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -5,7 +5,7 @@
 //! so products accumulate in 8 "lane-layout" vectors per tile, reduced to
 //! 16 columns once at the end.
 
-use super::tables::{fill_ext, group_windows, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{fill_ext, group_windows, state_window, GroupWindow, EXT_WORDS, LANE8_TO_ROWMAJOR};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
@@ -128,9 +128,17 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut acc = [[_mm256_setzero_ps(); 8]; BLOCK_TILES];
     let mut ext = [0u32; EXT_WORDS];
-    let x = job.xh[job.rows[0] * job.ic..].as_ptr();
+    // Successive tile rows of a block are a whole code row apart: prefetch
+    // a few rows ahead, the hardware does not follow such strides.
+    let row_bytes = BLOCK_TILES * 32 * K;
     for kt in 0..job.kt_n() {
-        let xv = xvecs(x.add(kt * TILE));
+        if kt + PREFETCH_ROWS < job.kt_n() {
+            let p = job.code.as_ptr().add(job.tile_offset(kt + PREFETCH_ROWS, job.block * BLOCK_TILES)) as *const i8;
+            for off in (0..row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
+            }
+        }
+        let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
             load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
             tile_fma::<K>(&ext, tabs, &xv, a);
@@ -141,65 +149,93 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
+/// Tile rows fetched ahead of use in the GEMV.
+const PREFETCH_ROWS: usize = 4;
+
 /// Tile rows of the block decoded per pass (then applied to every row).
 const KC: usize = 2;
+/// Rows sharing each loaded weight vector in the batched product.
+const RB: usize = 4;
 
+/// Decodes tile `(kt, nt)` as row-major f32 (`out[r*16 + c]`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, tabs: &Tabs, out: &mut [f32]) {
+    let mut ext = [0u32; EXT_WORDS];
+    let mut lanes = [0f32; 256];
+    load_ext::<K>(job, kt, nt, &mut ext);
+    tile_decode::<K>(&ext, tabs, lanes.as_mut_ptr());
+    for (p, &v) in lanes.iter().enumerate() {
+        *out.get_unchecked_mut(LANE8_TO_ROWMAJOR[p] as usize) = v;
+    }
+}
+
+/// `R` rows starting at local row `i0` against the decoded tile rows
+/// `dec` (`kc` tile rows starting at `kt0`), accumulating into `mid`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    // xp[c][q]: tile row kt0 + c of row q.
+    let mut xp = [[core::ptr::null::<f32>(); R]; KC];
+    for (c, xc) in xp.iter_mut().enumerate().take(kc) {
+        for (q, p) in xc.iter_mut().enumerate() {
+            *p = job.xh_tile(job.rows[i0 + q], kt0 + c).as_ptr();
+        }
+    }
+    for tl in 0..BLOCK_TILES {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (q, a) in acc.iter_mut().enumerate() {
+            let mp = mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+            *a = [_mm256_loadu_ps(mp), _mm256_loadu_ps(mp.add(8))];
+        }
+        for c in 0..kc {
+            let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
+            for r in 0..TILE {
+                let w0 = _mm256_loadu_ps(d.add(r * TILE));
+                let w1 = _mm256_loadu_ps(d.add(r * TILE + 8));
+                for q in 0..R {
+                    let b = _mm256_broadcast_ss(&*xp[c][q].add(r));
+                    acc[q][0] = _mm256_fmadd_ps(w0, b, acc[q][0]);
+                    acc[q][1] = _mm256_fmadd_ps(w1, b, acc[q][1]);
+                }
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            let mp = mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+            _mm256_storeu_ps(mp, a[0]);
+            _mm256_storeu_ps(mp.add(8), a[1]);
+        }
+    }
+}
+
+/// Batched product: each tile decoded once per call into row-major f32 and
+/// applied to all rows, `RB` rows per loaded weight vector. Columns are
+/// summed in ascending input order, like the reference (but with FMA).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm<const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let m = job.rows.len();
-    let per_row = BLOCK_TILES * 64;
-    let (accs, rest) = scratch.split_at_mut(m * per_row);
-    let dec = &mut rest[..KC * BLOCK_TILES * 256];
-    accs.fill(0.0);
-    let mut ext = [0u32; EXT_WORDS];
+    let dec = &mut scratch[..KC * BLOCK_TILES * 256];
     let kt_n = job.kt_n();
     let mut kt0 = 0;
     while kt0 < kt_n {
         let kc = KC.min(kt_n - kt0);
         for c in 0..kc {
             for tl in 0..BLOCK_TILES {
-                load_ext::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, &mut ext);
-                tile_decode::<K>(&ext, tabs, dec.as_mut_ptr().add((c * BLOCK_TILES + tl) * 256));
+                let out = &mut dec[(c * BLOCK_TILES + tl) * 256..][..256];
+                tile_decode_rows::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, tabs, out);
             }
         }
-        for (i, &row) in job.rows.iter().enumerate() {
-            let x = job.xh[row * job.ic..].as_ptr();
-            let mut xv = [[_mm256_setzero_ps(); 4]; KC];
-            for (c, v) in xv.iter_mut().enumerate().take(kc) {
-                *v = xvecs(x.add((kt0 + c) * TILE));
-            }
-            for tl in 0..BLOCK_TILES {
-                let ap = accs.as_mut_ptr().add(i * per_row + tl * 64);
-                let mut a = [_mm256_setzero_ps(); 8];
-                for (q, v) in a.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(ap.add(q * 8));
-                }
-                for (c, xvc) in xv.iter().enumerate().take(kc) {
-                    let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
-                    for g in 0..4 {
-                        for j in 0..8 {
-                            let q = g * 2 + (j >> 2);
-                            a[q] = _mm256_fmadd_ps(_mm256_loadu_ps(d.add((g * 8 + j) * 8)), xvc[j & 3], a[q]);
-                        }
-                    }
-                }
-                for (q, v) in a.iter().enumerate() {
-                    _mm256_storeu_ps(ap.add(q * 8), *v);
-                }
-            }
+        let mut i = 0;
+        while i + RB <= m {
+            rows_fma::<RB>(job, i, kt0, kc, dec, mid);
+            i += RB;
+        }
+        while i < m {
+            rows_fma::<1>(job, i, kt0, kc, dec, mid);
+            i += 1;
         }
         kt0 += kc;
-    }
-    for i in 0..m {
-        for tl in 0..BLOCK_TILES {
-            let ap = accs.as_ptr().add(i * per_row + tl * 64);
-            let mut a = [_mm256_setzero_ps(); 8];
-            for (q, v) in a.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(ap.add(q * 8));
-            }
-            reduce(&a, &mut mid[i * BLOCK_COLS + tl * TILE..][..TILE]);
-        }
     }
 }
 

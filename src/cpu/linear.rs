@@ -1,6 +1,6 @@
 //! Dense coded linear on the CPU kernels.
 
-use super::{input_transform_rows, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
+use super::{input_transform_row, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
 use crate::error::Result;
 use crate::reference::Linear;
 use crate::validate::{check_len, LinearShape};
@@ -47,11 +47,27 @@ impl<'a> CpuLinear<'a> {
         Ok(y)
     }
 
-    /// Phase 1, share `ith` of `nth`: rows of `xh [m, IC]`.
+    /// Phase 1 on the calling thread, share `ith` of `nth` of the rows:
+    /// `xh [m * IC]` in the kernels' tile-row-major layout.
     pub fn transform_input(&self, x: &[f32], m: usize, xh: &mut [f32], ith: usize, nth: usize) {
+        assert!(xh.len() >= m * self.shape.ic, "{}: xh shorter than {m} rows", self.name);
+        // SAFETY: xh holds m*IC floats and is exclusively borrowed.
+        unsafe { self.transform_input_shared(x, m, xh.as_mut_ptr(), ith, nth) }
+    }
+
+    /// Phase 1 for concurrent callers.
+    ///
+    /// # Safety
+    /// `xh` must be valid for writes of `m * IC` floats; concurrent callers
+    /// must use the same `nth`, distinct `ith`, and nothing else may access
+    /// `xh` until all have finished.
+    pub unsafe fn transform_input_shared(&self, x: &[f32], m: usize, xh: *mut f32, ith: usize, nth: usize) {
         let ic = self.shape.ic;
-        assert!(x.len() >= m * ic && xh.len() >= m * ic, "{}: x/xh shorter than {m} rows", self.name);
-        input_transform_rows(x, ic, &self.rin_eff, xh, split(m, ith, nth));
+        assert!(x.len() >= m * ic, "{}: x shorter than {m} rows", self.name);
+        let mut tmp = vec![0f32; ic];
+        for r in split(m, ith, nth) {
+            input_transform_row(&x[r * ic..(r + 1) * ic], &self.rin_eff, xh, m, r, &mut tmp);
+        }
     }
 
     /// Phase 2, share `ith` of `nth`: the output blocks of this thread, for
@@ -66,7 +82,7 @@ impl<'a> CpuLinear<'a> {
         assert!(xh.len() >= m * ic, "{}: xh shorter than {m} rows", self.name);
         assert!(scratch.len() >= self.scratch_floats(m), "{}: scratch too small", self.name);
         let rows: Vec<usize> = (0..m).collect();
-        let job = BlockJob { k, ic, oc, code: self.code, xh, rows: &rows, block: 0 };
+        let job = BlockJob { k, ic, oc, code: self.code, xh, n_xrows: m, rows: &rows, block: 0 };
         self.kernel.run_blocks(job, split(self.blocks(), ith, nth), &self.rout_eff, self.bias, scratch, |row, c0, v| {
             // SAFETY: row < m and c0 + 128 <= OC; columns are this thread's.
             unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(row * oc + c0), v.len()) }

@@ -5,7 +5,7 @@
 //! it without waiting for anyone:
 //!
 //! 1. input transform: `xh = f16(H128(x * rin_eff) * RS)` per row
-//!    ([`input_transform_rows`], split over rows);
+//!    ([`input_transform_row`], split over rows);
 //! 2. per output block: `mid = xh @ W_block` by an ISA kernel that decodes
 //!    each 16x16 tile once per call and applies it to every row, then the
 //!    output transform (+ bias) ([`Kernel::run_blocks`], split over blocks).
@@ -36,6 +36,7 @@ pub use moe::CpuMoe;
 use crate::codec::TILE;
 use crate::hadamard::N as HBLOCK;
 use crate::reference::{input_transform, output_transform};
+
 use std::ops::Range;
 
 /// Output columns per work unit (one Hadamard block = 8 tiles).
@@ -110,11 +111,25 @@ pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     start..start + q + usize::from(ith < r)
 }
 
-/// Phase 1 for rows `rows` of `x [*, IC]`: `xh` gets the f16-rounded
-/// transformed input (stored as f32), row for row.
-pub fn input_transform_rows(x: &[f32], ic: usize, rin_eff: &[f32], xh: &mut [f32], rows: Range<usize>) {
-    for r in rows {
-        input_transform(&x[r * ic..(r + 1) * ic], rin_eff, &mut xh[r * ic..(r + 1) * ic]);
+/// Transformed inputs (`xh`) are stored tile-row major: the 16 values of
+/// input tile row `kt` of row `row` start at `(kt * n_rows + row) * 16`.
+/// All rows of a batch for one tile row are then contiguous, so the batched
+/// kernels stream them whatever IC is.
+#[inline(always)]
+pub fn xh_index(n_rows: usize, row: usize, kt: usize) -> usize {
+    (kt * n_rows + row) * TILE
+}
+
+/// Phase 1 for one row: `xh` (tile-row major, `n_rows` rows) gets the
+/// f16-rounded transform of `x_row` scaled by `rin_eff`.
+///
+/// # Safety
+/// `xh` must be valid for writes at every `xh_index(n_rows, row, kt) + 0..16`,
+/// `kt < IC/16`, and no one else may access those floats meanwhile.
+pub unsafe fn input_transform_row(x_row: &[f32], rin_eff: &[f32], xh: *mut f32, n_rows: usize, row: usize, tmp: &mut [f32]) {
+    input_transform(x_row, rin_eff, tmp);
+    for (kt, chunk) in tmp.chunks_exact(TILE).enumerate() {
+        std::ptr::copy_nonoverlapping(chunk.as_ptr(), xh.add(xh_index(n_rows, row, kt)), TILE);
     }
 }
 
@@ -126,7 +141,9 @@ pub(crate) struct BlockJob<'a> {
     pub ic: usize,
     pub oc: usize,
     pub code: &'a [i16],
+    /// Tile-row-major transformed inputs of `n_xrows` rows (see [`xh_index`]).
     pub xh: &'a [f32],
+    pub n_xrows: usize,
     pub rows: &'a [usize],
     pub block: usize,
 }
@@ -139,6 +156,11 @@ impl BlockJob<'_> {
     #[inline]
     pub fn nt_n(&self) -> usize {
         self.oc / TILE
+    }
+    /// The 16 transformed inputs of tile row `kt` of xh row `row`.
+    #[inline(always)]
+    pub fn xh_tile(&self, row: usize, kt: usize) -> &[f32] {
+        &self.xh[xh_index(self.n_xrows, row, kt)..][..TILE]
     }
     /// int16 offset of tile `(kt, nt)`.
     #[inline]
@@ -173,9 +195,9 @@ impl Kernel {
 
     /// `mid [rows, 128]` of one block (scratch from [`scratch_floats`]).
     pub(crate) fn block_mid(&self, job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-        debug_assert!(job.block * BLOCK_TILES < job.nt_n());
-        debug_assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
-        debug_assert!(job.rows.iter().all(|&r| (r + 1) * job.ic <= job.xh.len()));
+        assert!(job.block * BLOCK_TILES < job.nt_n());
+        assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
+        assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);
         mid.fill(0.0);
         match self.isa {
             // SAFETY: a Kernel of a SIMD ISA only exists when the CPU has it

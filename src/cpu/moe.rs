@@ -2,7 +2,7 @@
 //! expert so each used expert's tiles are decoded once per call and
 //! applied to all of its rows.
 
-use super::{input_transform, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
+use super::{input_transform_row, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
 use crate::error::Result;
 use crate::reference::{fold, Moe, Routing};
 use crate::validate::{check_len, MoeShape};
@@ -92,14 +92,29 @@ impl<'a> CpuMoe<'a> {
         Ok(y)
     }
 
-    /// Phase 1, share `ith` of `nth` of the slots: `xh [T*n_used, IC]`, each
-    /// slot's input transformed with its expert's `rin_eff`. `r` must be
-    /// validated.
+    /// Phase 1 on the calling thread, share `ith` of `nth` of the slots:
+    /// `xh [T*n_used * IC]` (tile-row major), each slot's input transformed
+    /// with its expert's `rin_eff`. `r` must be validated.
     pub fn transform_input(&self, x: &[f32], r: &Routing, xh: &mut [f32], ith: usize, nth: usize) {
+        assert!(xh.len() >= r.tokens * r.n_used * self.shape.ic, "{}: xh too short", self.name);
+        // SAFETY: xh is large enough and exclusively borrowed.
+        unsafe { self.transform_input_shared(x, r, xh.as_mut_ptr(), ith, nth) }
+    }
+
+    /// Phase 1 for concurrent callers.
+    ///
+    /// # Safety
+    /// `xh` must be valid for writes of `slots * IC` floats; concurrent
+    /// callers must use the same `nth`, distinct `ith`, and nothing else may
+    /// access `xh` until all have finished.
+    pub unsafe fn transform_input_shared(&self, x: &[f32], r: &Routing, xh: *mut f32, ith: usize, nth: usize) {
         let ic = self.shape.ic;
-        for slot in split(r.tokens * r.n_used, ith, nth) {
+        let n = r.tokens * r.n_used;
+        assert!(x.len() >= r.tokens * r.nx * ic, "{}: x too short", self.name);
+        let mut tmp = vec![0f32; ic];
+        for slot in split(n, ith, nth) {
             let (e, xr) = r.slot(slot / r.n_used, slot % r.n_used);
-            input_transform(&x[xr * ic..(xr + 1) * ic], &self.rin_eff[e * ic..(e + 1) * ic], &mut xh[slot * ic..(slot + 1) * ic]);
+            input_transform_row(&x[xr * ic..(xr + 1) * ic], &self.rin_eff[e * ic..(e + 1) * ic], xh, n, slot, &mut tmp);
         }
     }
 
@@ -120,7 +135,7 @@ impl<'a> CpuMoe<'a> {
             let b0 = unit % nb;
             let b1 = nb.min(b0 + (mine.end - unit));
             let lin = self.moe.expert(e);
-            let job = BlockJob { k, ic, oc, code: lin.code, xh, rows: groups.of(e), block: 0 };
+            let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: groups.slots.len(), rows: groups.of(e), block: 0 };
             let rout = &self.rout_eff[e * oc..(e + 1) * oc];
             self.kernel.run_blocks(job, b0..b1, rout, lin.bias, scratch, |row, c0, v| {
                 // SAFETY: row is a slot index < slots and c0 + 128 <= OC.

@@ -21,7 +21,7 @@ pub(super) fn block_mid(job: &BlockJob, mid: &mut [f32]) {
         for tl in 0..BLOCK_TILES {
             decode_rows(job, kt, job.block * BLOCK_TILES + tl, &mut w);
             for (i, &row) in job.rows.iter().enumerate() {
-                let x = &job.xh[row * job.ic + kt * TILE..][..TILE];
+                let x = job.xh_tile(row, kt);
                 let acc = &mut mid[i * BLOCK_COLS + tl * TILE..][..TILE];
                 for (r, &a) in x.iter().enumerate() {
                     for (c, o) in acc.iter_mut().enumerate() {

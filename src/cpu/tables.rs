@@ -102,12 +102,35 @@ pub const fn group_windows<const W: usize, const G: usize>(k: usize) -> [[GroupW
 #[inline(always)]
 pub fn fill_ext(tile: &[i16], k: usize, ext: &mut [u32; EXT_WORDS]) {
     let nw = 8 * k;
+    assert!(tile.len() >= 2 * nw && nw + 2 <= EXT_WORDS);
+    // Word m is u16[2m] | u16[2m+1] << 16: on a little-endian machine that
+    // is the memory of the two int16 as they lie, so a byte copy does it.
+    #[cfg(target_endian = "little")]
+    // SAFETY: 4*nw bytes are readable from tile (asserted) and writable
+    // from ext[1] (nw + 1 < EXT_WORDS); the buffers do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(tile.as_ptr() as *const u8, ext.as_mut_ptr().add(1) as *mut u8, 4 * nw)
+    };
+    #[cfg(not(target_endian = "little"))]
     for m in 0..nw {
         ext[m + 1] = crate::codec::tile_word32(tile, m);
     }
     ext[0] = ext[nw];
     ext[nw + 1] = ext[1];
 }
+
+/// Lane-layout index `(g*8 + j)*8 + i` (8-lane groups: lane `8g + i`,
+/// value `j`) -> row-major index `row*16 + col` in the tile.
+pub const LANE8_TO_ROWMAJOR: [u8; 256] = {
+    let mut out = [0u8; 256];
+    let mut p = 0;
+    while p < 256 {
+        let (g, j, i) = (p / 64, (p / 8) % 8, p % 8);
+        out[p] = crate::codec::TILE_POS[8 * (8 * g + i) + j];
+        p += 1;
+    }
+    out
+};
 
 #[cfg(test)]
 mod tests {
@@ -127,7 +150,8 @@ mod tests {
                 for j in 0..8 {
                     let (h, sh) = state_window(k, j);
                     let gw = &tabs[h][g];
-                    assert!(gw.idx_b[i] < W as i32, "group span exceeds the vector");
+                    // NEON (W = 4) loads 8 words (two registers) per group.
+                    assert!(gw.idx_b[i] < W.max(8) as i32, "group span exceeds the loaded words");
                     let a = ext[gw.base + gw.idx_a[i] as usize];
                     let b = ext[gw.base + gw.idx_b[i] as usize];
                     let win = a.checked_shl(gw.shl[i]).unwrap_or(0) | b.checked_shr(gw.shr[i]).unwrap_or(0);
