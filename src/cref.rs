@@ -74,7 +74,7 @@ pub fn reconstruct(code: &[i16], s: LinearShape) -> Vec<f16> {
 }
 
 pub fn h128(x: &mut [f32]) {
-    assert!(x.len() % 128 == 0);
+    assert!(x.len().is_multiple_of(128));
     unsafe { sys::escha_h128(x.as_mut_ptr(), x.len() as i64) }
 }
 

@@ -4,6 +4,7 @@
 //! 128-block. The scale is applied separately as [`RS`].
 
 /// 1/sqrt(128) as the f32 constant the format pins.
+#[allow(clippy::excessive_precision)] // the literal the format pins
 pub const RS: f32 = 0.088388347648;
 /// Transform block length.
 pub const N: usize = 128;
@@ -28,7 +29,7 @@ pub fn h128_block(x: &mut [f32]) {
 
 /// In-place H128 on every contiguous 128-block of `x` (length a multiple of 128).
 pub fn h128(x: &mut [f32]) {
-    assert!(x.len() % N == 0, "H128 needs a multiple of 128 values, got {}", x.len());
+    assert!(x.len().is_multiple_of(N), "H128 needs a multiple of 128 values, got {}", x.len());
     for blk in x.chunks_exact_mut(N) {
         h128_block(blk);
     }

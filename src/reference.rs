@@ -213,7 +213,7 @@ impl<'a> Routing<'a> {
     /// Checks ids against the expert count and the x layout.
     pub fn validate(&self, name: &str, n_expert: usize) -> Result<()> {
         check_len(name, "ids", self.ids.len(), self.tokens * self.n_used)?;
-        if self.nx == 0 || self.n_used % self.nx != 0 {
+        if self.nx == 0 || !self.n_used.is_multiple_of(self.nx) {
             return Err(EschaError::Shape {
                 tensor: name.into(),
                 detail: format!("x has {} rows per token; n_used {} must be a multiple of it", self.nx, self.n_used),
@@ -248,7 +248,8 @@ pub fn moe(p: &Moe, x: &[f32], r: &Routing) -> Result<Vec<f16>> {
     let (ic, oc) = (p.shape.ic, p.shape.oc);
     let mut y = vec![f16::ZERO; r.tokens * r.n_used * oc];
     // Decode each used expert once.
-    let mut cache: Vec<Option<(Vec<f16>, Vec<f32>, Vec<f32>)>> = vec![None; p.shape.e];
+    type Decoded = (Vec<f16>, Vec<f32>, Vec<f32>);
+    let mut cache: Vec<Option<Decoded>> = vec![None; p.shape.e];
     for t in 0..r.tokens {
         for u in 0..r.n_used {
             let (e, xr) = r.slot(t, u);

@@ -1,6 +1,8 @@
 //! Stage "decode": codebook, bitstream, tile order and reconstruct, Rust
 //! against the C reference and against independent formulas.
 
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use escha_ggml::codec::*;

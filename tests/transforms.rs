@@ -24,9 +24,9 @@ fn h128_is_the_sylvester_matrix() {
     let mut y = x.clone();
     h128(&mut y);
     for blk in 0..2 {
-        for i in 0..128 {
+        for i in 0..128usize {
             let want: f64 = (0..128)
-                .map(|j| if (i & j as usize).count_ones() % 2 == 0 { 1.0 } else { -1.0 } * x[blk * 128 + j] as f64)
+                .map(|j| if (i & j).count_ones().is_multiple_of(2) { 1.0 } else { -1.0 } * x[blk * 128 + j] as f64)
                 .sum();
             assert!((y[blk * 128 + i] as f64 - want).abs() < 1e-4, "block {blk} row {i}");
         }

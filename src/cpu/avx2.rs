@@ -5,7 +5,11 @@
 //! so products accumulate in 8 "lane-layout" vectors per tile, reduced to
 //! 16 columns once at the end.
 
-use super::tables::{fill_ext, group_windows, state_window, GroupWindow, EXT_WORDS, LANE8_TO_ROWMAJOR};
+// Index loops mirror the lane/group arithmetic of the layout comments.
+#![allow(clippy::needless_range_loop)]
+
+use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
+use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
@@ -123,6 +127,9 @@ unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
     }
 }
 
+/// Tile rows fetched ahead of use in the GEMV.
+const PREFETCH_ROWS: usize = 4;
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
@@ -149,39 +156,34 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-/// Tile rows fetched ahead of use in the GEMV.
-const PREFETCH_ROWS: usize = 4;
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<8>();
 
-/// Tile rows of the block decoded per pass (then applied to every row).
-const KC: usize = 2;
-/// Rows sharing each loaded weight vector in the batched product.
-const RB: usize = 4;
+pub(super) struct Avx2;
 
-/// Decodes tile `(kt, nt)` as row-major f32 (`out[r*16 + c]`).
-#[inline]
+impl TileOps for Avx2 {
+    #[inline]
+    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+        decode_rows::<K>(job, kt, nt, out)
+    }
+    #[inline]
+    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+        rows_fma::<R>(job, i0, kt0, kc, dec, mid)
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, tabs: &Tabs, out: &mut [f32]) {
+unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut ext = [0u32; EXT_WORDS];
     let mut lanes = [0f32; 256];
     load_ext::<K>(job, kt, nt, &mut ext);
     tile_decode::<K>(&ext, tabs, lanes.as_mut_ptr());
-    for (p, &v) in lanes.iter().enumerate() {
-        *out.get_unchecked_mut(LANE8_TO_ROWMAJOR[p] as usize) = v;
-    }
+    lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
 }
 
-/// `R` rows starting at local row `i0` against the decoded tile rows
-/// `dec` (`kc` tile rows starting at `kt0`), accumulating into `mid`.
-#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
-    // xp[c][q]: tile row kt0 + c of row q.
-    let mut xp = [[core::ptr::null::<f32>(); R]; KC];
-    for (c, xc) in xp.iter_mut().enumerate().take(kc) {
-        for (q, p) in xc.iter_mut().enumerate() {
-            *p = job.xh_tile(job.rows[i0 + q], kt0 + c).as_ptr();
-        }
-    }
+    let xp = xh_ptrs::<R>(job, i0, kt0, kc);
     for tl in 0..BLOCK_TILES {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for (q, a) in acc.iter_mut().enumerate() {
@@ -208,37 +210,6 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
     }
 }
 
-/// Batched product: each tile decoded once per call into row-major f32 and
-/// applied to all rows, `RB` rows per loaded weight vector. Columns are
-/// summed in ascending input order, like the reference (but with FMA).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm<const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
-    let m = job.rows.len();
-    let dec = &mut scratch[..KC * BLOCK_TILES * 256];
-    let kt_n = job.kt_n();
-    let mut kt0 = 0;
-    while kt0 < kt_n {
-        let kc = KC.min(kt_n - kt0);
-        for c in 0..kc {
-            for tl in 0..BLOCK_TILES {
-                let out = &mut dec[(c * BLOCK_TILES + tl) * 256..][..256];
-                tile_decode_rows::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, tabs, out);
-            }
-        }
-        let mut i = 0;
-        while i + RB <= m {
-            rows_fma::<RB>(job, i, kt0, kc, dec, mid);
-            i += RB;
-        }
-        while i < m {
-            rows_fma::<1>(job, i, kt0, kc, dec, mid);
-            i += 1;
-        }
-        kt0 += kc;
-    }
-}
-
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `job` must be consistent (see
 /// `Kernel::block_mid`), `mid` hold `rows * 128` zeroed floats and
@@ -248,7 +219,7 @@ pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f
     match (job.k, job.rows.len()) {
         (2, 1) => gemv::<2>(job, mid),
         (3, 1) => gemv::<3>(job, mid),
-        (2, _) => gemm::<2>(job, mid, scratch),
-        _ => gemm::<3>(job, mid, scratch),
+        (2, _) => gemm::<Avx2, 2>(job, mid, scratch),
+        _ => gemm::<Avx2, 3>(job, mid, scratch),
     }
 }

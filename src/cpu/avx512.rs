@@ -1,2 +1,200 @@
-use super::BlockJob;
-pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], _s: &mut [f32]) { super::scalar::block_mid(job, mid) }
+//! AVX-512F path (incl. `vpternlogd` for the codebook's and+xor). A vector
+//! holds 16 consecutive lanes (lanes 16g..16g+15, g = 0, 1); vector (g, j)
+//! holds value j of those lanes: rows `2*(i&3) + rj` with
+//! `rj = (j&1) + 8*((j>>1)&1)`, columns `4g + 8*(j>=4) + (i>>2)`, so each
+//! quarter of a vector belongs to one column.
+
+// Index loops mirror the lane/group arithmetic of the layout comments.
+#![allow(clippy::needless_range_loop)]
+
+use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
+use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use core::arch::x86_64::*;
+
+type Tabs = [[GroupWindow<16>; 2]; 2];
+static TAB2: Tabs = group_windows::<16, 2>(2);
+static TAB3: Tabs = group_windows::<16, 2>(3);
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<16>();
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn ld16(v: &[u32; 16]) -> __m512i {
+    _mm512_loadu_si512(v.as_ptr() as *const _)
+}
+
+/// The 16 lane windows of group `gw`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<16>) -> __m512i {
+    let v = _mm512_loadu_si512(ext.as_ptr().add(gw.base) as *const _);
+    let a = _mm512_permutexvar_epi32(_mm512_loadu_si512(gw.idx_a.as_ptr() as *const _), v);
+    let b = _mm512_permutexvar_epi32(_mm512_loadu_si512(gw.idx_b.as_ptr() as *const _), v);
+    _mm512_or_si512(_mm512_sllv_epi32(a, ld16(&gw.shl)), _mm512_srlv_epi32(b, ld16(&gw.shr)))
+}
+
+/// Codebook values of 16 states.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn cb16(s: __m512i) -> __m512 {
+    let r = _mm512_mullo_epi32(s, _mm512_set1_epi32(CB_MUL as i32));
+    // (r & MASK) ^ XOR in one vpternlogd: truth table 0x6A.
+    let r = _mm512_ternarylogic_epi32::<0x6A>(r, _mm512_set1_epi32(CB_MASK as i32), _mm512_set1_epi32(CB_XOR as i32));
+    let lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(r));
+    let hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(r)));
+    // Exact f32 sum, one RNE rounding to f16 (the contract's f16 addition).
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn states<const K: usize>(w: &[__m512i; 2], j: usize) -> __m512i {
+    let (h, sh) = state_window(K, j);
+    _mm512_and_si512(_mm512_srl_epi32(w[h], _mm_cvtsi32_si128(sh as i32)), _mm512_set1_epi32(0xFFFF))
+}
+
+/// `xv[j&3]`: inputs of rows `2*(i&3) + rj` for the 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
+    let v = _mm512_loadu_ps(x);
+    let idx = |rj: i32| _mm512_setr_epi32(rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6);
+    [
+        _mm512_permutexvar_ps(idx(0), v),
+        _mm512_permutexvar_ps(idx(1), v),
+        _mm512_permutexvar_ps(idx(8), v),
+        _mm512_permutexvar_ps(idx(9), v),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
+    let off = job.tile_offset(kt, nt);
+    fill_ext(&job.code[off..off + 16 * K], K, ext);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, g: usize) -> [__m512i; 2] {
+    let w0 = window(ext, &tabs[0][g]);
+    [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }]
+}
+
+/// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+    for g in 0..2 {
+        let w = group_windows_of::<K>(ext, tabs, g);
+        for j in 0..8 {
+            let a = &mut acc[g * 2 + (j >> 2)];
+            *a = _mm512_fmadd_ps(cb16(states::<K>(&w, j)), xv[j & 3], *a);
+        }
+    }
+}
+
+/// Each quarter of `acc[g*2 + jh]` sums into column `4g + 8jh + quarter`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
+    let mut q = [0f32; 16];
+    for g in 0..2 {
+        for jh in 0..2 {
+            _mm512_storeu_ps(q.as_mut_ptr(), acc[g * 2 + jh]);
+            for (quarter, v) in q.chunks_exact(4).enumerate() {
+                mid[4 * g + 8 * jh + quarter] += v.iter().sum::<f32>();
+            }
+        }
+    }
+}
+
+const PREFETCH_ROWS: usize = 4;
+
+#[target_feature(enable = "avx512f")]
+unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+    let mut acc = [[_mm512_setzero_ps(); 4]; BLOCK_TILES];
+    let mut ext = [0u32; EXT_WORDS];
+    let row_bytes = BLOCK_TILES * 32 * K;
+    for kt in 0..job.kt_n() {
+        if kt + PREFETCH_ROWS < job.kt_n() {
+            let p = job.code.as_ptr().add(job.tile_offset(kt + PREFETCH_ROWS, job.block * BLOCK_TILES)) as *const i8;
+            for off in (0..row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
+            }
+        }
+        let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
+        for (tl, a) in acc.iter_mut().enumerate() {
+            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            tile_fma::<K>(&ext, tabs, &xv, a);
+        }
+    }
+    for (tl, a) in acc.iter().enumerate() {
+        reduce(a, &mut mid[tl * TILE..(tl + 1) * TILE]);
+    }
+}
+
+pub(super) struct Avx512;
+
+impl TileOps for Avx512 {
+    #[inline]
+    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+        decode_rows::<K>(job, kt, nt, out)
+    }
+    #[inline]
+    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+        rows_fma::<R>(job, i0, kt0, kc, dec, mid)
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+    let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+    let mut ext = [0u32; EXT_WORDS];
+    let mut lanes = [0f32; 256];
+    load_ext::<K>(job, kt, nt, &mut ext);
+    for g in 0..2 {
+        let w = group_windows_of::<K>(&ext, tabs, g);
+        for j in 0..8 {
+            _mm512_storeu_ps(lanes.as_mut_ptr().add((g * 8 + j) * 16), cb16(states::<K>(&w, j)));
+        }
+    }
+    lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    let xp = xh_ptrs::<R>(job, i0, kt0, kc);
+    for tl in 0..BLOCK_TILES {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for (q, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE));
+        }
+        for c in 0..kc {
+            let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
+            for r in 0..TILE {
+                let w = _mm512_loadu_ps(d.add(r * TILE));
+                for q in 0..R {
+                    acc[q] = _mm512_fmadd_ps(w, _mm512_set1_ps(*xp[c][q].add(r)), acc[q]);
+                }
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE), *a);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F; see `Kernel::block_mid` for the rest.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    match (job.k, job.rows.len()) {
+        (2, 1) => gemv::<2>(job, mid),
+        (3, 1) => gemv::<3>(job, mid),
+        (2, _) => gemm::<Avx512, 2>(job, mid, scratch),
+        _ => gemm::<Avx512, 3>(job, mid, scratch),
+    }
+}

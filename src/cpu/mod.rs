@@ -17,6 +17,7 @@
 //! scalar twin that is bit-exact to the reference. SIMD paths differ from
 //! the reference only in the f32 summation order of `mid`.
 
+mod batch;
 mod scalar;
 pub mod tables;
 
@@ -169,11 +170,10 @@ impl BlockJob<'_> {
     }
 }
 
-/// f32 scratch each caller of a block kernel must provide for `m` rows.
+/// f32 scratch each caller of a block kernel must provide for `m` rows:
+/// `mid [m, 128]` plus the batched path's decoded tiles.
 pub fn scratch_floats(m: usize) -> usize {
-    // mid [m, 128] + lane accumulators [m, 8 tiles, 64] + decoded tiles
-    // (2 tile rows of a block, 256 values each) + alignment slack.
-    m * BLOCK_COLS + m * BLOCK_TILES * 64 + 2 * BLOCK_TILES * 256 + 64
+    m * BLOCK_COLS + batch::DECODED_FLOATS
 }
 
 /// A dispatching handle over one ISA path.

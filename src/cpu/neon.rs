@@ -1,2 +1,217 @@
-use super::BlockJob;
-pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], _s: &mut [f32]) { super::scalar::block_mid(job, mid) }
+//! NEON path (AArch64). A vector holds 4 consecutive lanes (lanes
+//! 4g..4g+3, g = 0..8); vector (g, j) holds value j of those lanes: rows
+//! `2*i + rj` with `rj = (j&1) + 8*((j>>1)&1)` and one column,
+//! `2*(g>>1) + 8*(j>=4) + (g&1)`, so each accumulator is one column.
+//!
+//! The f16 <-> f32 conversions are `fcvtl`/`fcvtn` through inline assembly
+//! (the f16 vector intrinsics are not stable Rust); `fcvtn` rounds to
+//! nearest-even under the default FPCR, as the contract requires.
+
+// Index loops mirror the lane/group arithmetic of the layout comments.
+#![allow(clippy::needless_range_loop)]
+
+use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
+use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use core::arch::aarch64::*;
+use core::arch::asm;
+
+type Tabs = [[GroupWindow<4>; 8]; 2];
+static TAB2: Tabs = group_windows::<4, 8>(2);
+static TAB3: Tabs = group_windows::<4, 8>(3);
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<4>();
+
+/// Byte indices for `vqtbl2q_u8` picking words `idx` out of 8 loaded words.
+const fn byte_index(idx: [i32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = (idx[i / 4] * 4) as u8 + (i % 4) as u8;
+        i += 1;
+    }
+    out
+}
+
+/// Per group: byte indices of `w[q]` and `w[q+1]`, and the shift vectors
+/// (left by `off`, right by `32 - off` as a negative left shift).
+#[derive(Clone, Copy)]
+struct NeonWindow {
+    base: usize,
+    ia: [u8; 16],
+    ib: [u8; 16],
+    shl: [i32; 4],
+    shr: [i32; 4],
+}
+
+const fn neon_windows(t: &Tabs) -> [[NeonWindow; 8]; 2] {
+    const EMPTY: NeonWindow = NeonWindow { base: 0, ia: [0; 16], ib: [0; 16], shl: [0; 4], shr: [0; 4] };
+    let mut out = [[EMPTY; 8]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut g = 0;
+        while g < 8 {
+            let gw = &t[h][g];
+            let mut shl = [0i32; 4];
+            let mut shr = [0i32; 4];
+            let mut i = 0;
+            while i < 4 {
+                shl[i] = gw.shl[i] as i32;
+                shr[i] = -(gw.shr[i] as i32);
+                i += 1;
+            }
+            out[h][g] = NeonWindow { base: gw.base, ia: byte_index(gw.idx_a), ib: byte_index(gw.idx_b), shl, shr };
+            g += 1;
+        }
+        h += 1;
+    }
+    out
+}
+
+static NW2: [[NeonWindow; 8]; 2] = neon_windows(&TAB2);
+static NW3: [[NeonWindow; 8]; 2] = neon_windows(&TAB3);
+
+#[inline(always)]
+unsafe fn window(ext: &[u32; EXT_WORDS], nw: &NeonWindow) -> uint32x4_t {
+    let p = ext.as_ptr().add(nw.base) as *const u8;
+    let t = uint8x16x2_t(vld1q_u8(p), vld1q_u8(p.add(16)));
+    let a = vreinterpretq_u32_u8(vqtbl2q_u8(t, vld1q_u8(nw.ia.as_ptr())));
+    let b = vreinterpretq_u32_u8(vqtbl2q_u8(t, vld1q_u8(nw.ib.as_ptr())));
+    // USHL by a negative count shifts right; by -32 it gives 0 (off == 0).
+    vorrq_u32(vshlq_u32(a, vld1q_s32(nw.shl.as_ptr())), vshlq_u32(b, vld1q_s32(nw.shr.as_ptr())))
+}
+
+#[inline(always)]
+unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    asm!("fcvtl {o:v}.4s, {i:v}.4h", o = out(vreg) out, i = in(vreg) h, options(pure, nomem, nostack));
+    out
+}
+
+/// f32 -> nearest-even f16 -> f32.
+#[inline(always)]
+unsafe fn round_f16(v: float32x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    asm!("fcvtn {o:v}.4h, {i:v}.4s", "fcvtl {o:v}.4s, {o:v}.4h", o = out(vreg) out, i = in(vreg) v, options(pure, nomem, nostack));
+    out
+}
+
+/// Codebook values of 4 states.
+#[inline(always)]
+unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
+    let r = vmulq_u32(s, vdupq_n_u32(CB_MUL));
+    let r = veorq_u32(vandq_u32(r, vdupq_n_u32(CB_MASK)), vdupq_n_u32(CB_XOR));
+    let lo = f16x4_to_f32(vmovn_u32(r));
+    let hi = f16x4_to_f32(vshrn_n_u32::<16>(r));
+    round_f16(vaddq_f32(lo, hi))
+}
+
+#[inline(always)]
+unsafe fn states<const K: usize>(w: &[uint32x4_t; 2], j: usize) -> uint32x4_t {
+    let (h, sh) = state_window(K, j);
+    vandq_u32(vshlq_u32(w[h], vdupq_n_s32(-(sh as i32))), vdupq_n_u32(0xFFFF))
+}
+
+#[inline(always)]
+unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], g: usize) -> [uint32x4_t; 2] {
+    let nw = if K == 2 { &NW2 } else { &NW3 };
+    let w0 = window(ext, &nw[0][g]);
+    [w0, if K == 3 { window(ext, &nw[1][g]) } else { w0 }]
+}
+
+/// `xv[j&3]`: inputs of rows `2*i + rj`, i = 0..4.
+#[inline(always)]
+unsafe fn xvecs(x: *const f32) -> [float32x4_t; 4] {
+    let lo = vld2q_f32(x); // (even, odd) of x[0..8]
+    let hi = vld2q_f32(x.add(8));
+    [lo.0, lo.1, hi.0, hi.1]
+}
+
+#[inline(always)]
+unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
+    let off = job.tile_offset(kt, nt);
+    fill_ext(&job.code[off..off + 16 * K], K, ext);
+}
+
+unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    // acc[tile][column]
+    let mut acc = [[vdupq_n_f32(0.0); TILE]; BLOCK_TILES];
+    let mut ext = [0u32; EXT_WORDS];
+    for kt in 0..job.kt_n() {
+        let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
+        for (tl, a) in acc.iter_mut().enumerate() {
+            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            for g in 0..8 {
+                let w = group_windows_of::<K>(&ext, g);
+                for j in 0..8 {
+                    let col = 2 * (g >> 1) + 8 * (j >> 2) + (g & 1);
+                    a[col] = vfmaq_f32(a[col], cb4(states::<K>(&w, j)), xv[j & 3]);
+                }
+            }
+        }
+    }
+    for (tl, a) in acc.iter().enumerate() {
+        for (c, v) in a.iter().enumerate() {
+            mid[tl * TILE + c] += vaddvq_f32(*v);
+        }
+    }
+}
+
+pub(super) struct Neon;
+
+impl TileOps for Neon {
+    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+        let mut ext = [0u32; EXT_WORDS];
+        let mut lanes = [0f32; 256];
+        load_ext::<K>(job, kt, nt, &mut ext);
+        for g in 0..8 {
+            let w = group_windows_of::<K>(&ext, g);
+            for j in 0..8 {
+                vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j) * 4), cb4(states::<K>(&w, j)));
+            }
+        }
+        lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
+    }
+
+    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+        let xp = xh_ptrs::<R>(job, i0, kt0, kc);
+        for tl in 0..BLOCK_TILES {
+            let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+            for (q, a) in acc.iter_mut().enumerate() {
+                let mp = mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+                for (v, p) in a.iter_mut().enumerate() {
+                    *p = vld1q_f32(mp.add(4 * v));
+                }
+            }
+            for c in 0..kc {
+                let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
+                for r in 0..TILE {
+                    let w = [vld1q_f32(d.add(r * TILE)), vld1q_f32(d.add(r * TILE + 4)), vld1q_f32(d.add(r * TILE + 8)), vld1q_f32(d.add(r * TILE + 12))];
+                    for q in 0..R {
+                        let b = vdupq_n_f32(*xp[c][q].add(r));
+                        for v in 0..4 {
+                            acc[q][v] = vfmaq_f32(acc[q][v], w[v], b);
+                        }
+                    }
+                }
+            }
+            for (q, a) in acc.iter().enumerate() {
+                let mp = mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+                for (v, p) in a.iter().enumerate() {
+                    vst1q_f32(mp.add(4 * v), *p);
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support NEON; see `Kernel::block_mid` for the rest.
+pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    match (job.k, job.rows.len()) {
+        (2, 1) => gemv::<2>(job, mid),
+        (3, 1) => gemv::<3>(job, mid),
+        (2, _) => gemm::<Neon, 2>(job, mid, scratch),
+        _ => gemm::<Neon, 3>(job, mid, scratch),
+    }
+}

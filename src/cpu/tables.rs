@@ -119,18 +119,18 @@ pub fn fill_ext(tile: &[i16], k: usize, ext: &mut [u32; EXT_WORDS]) {
     ext[nw + 1] = ext[1];
 }
 
-/// Lane-layout index `(g*8 + j)*8 + i` (8-lane groups: lane `8g + i`,
-/// value `j`) -> row-major index `row*16 + col` in the tile.
-pub const LANE8_TO_ROWMAJOR: [u8; 256] = {
+/// Lane-layout index `(g*8 + j)*W + i` (groups of `W` lanes: lane
+/// `W*g + i`, value `j`) -> row-major index `row*16 + col` in the tile.
+pub const fn lane_to_rowmajor<const W: usize>() -> [u8; 256] {
     let mut out = [0u8; 256];
     let mut p = 0;
     while p < 256 {
-        let (g, j, i) = (p / 64, (p / 8) % 8, p % 8);
-        out[p] = crate::codec::TILE_POS[8 * (8 * g + i) + j];
+        let (g, j, i) = (p / (8 * W), (p / W) % 8, p % W);
+        out[p] = crate::codec::TILE_POS[8 * (W * g + i) + j];
         p += 1;
     }
     out
-};
+}
 
 #[cfg(test)]
 mod tests {

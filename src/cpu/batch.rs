@@ -1,0 +1,87 @@
+//! The batched product shared by the SIMD paths: each tile of a block is
+//! decoded once per call into row-major f32 and applied to every row, `RB`
+//! rows per loaded weight vector. Columns are summed in ascending input
+//! order, like the reference (with fused multiply-adds).
+//!
+//! The driver is plain Rust; the ISA modules supply the two inner steps
+//! through [`TileOps`] (each call does enough work that it need not inline).
+
+// Index loops mirror the lane/group arithmetic of the layout comments.
+#![allow(clippy::needless_range_loop)]
+
+use super::{BlockJob, BLOCK_TILES};
+use crate::codec::TILE_VALUES;
+
+/// Tile rows of the block decoded per pass (then applied to every row).
+pub(crate) const KC: usize = 2;
+/// Rows sharing each loaded weight vector.
+pub(crate) const RB: usize = 4;
+
+/// Floats of decoded tiles the driver keeps in scratch.
+pub(crate) const DECODED_FLOATS: usize = KC * BLOCK_TILES * TILE_VALUES;
+
+pub(crate) trait TileOps {
+    /// Row-major f32 values (`out[r*16 + c]`) of tile `(kt, nt)`.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA; `job` is consistent (`Kernel::block_mid`).
+    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]);
+
+    /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec` that
+    /// start at tile row `kt0`, accumulated into `mid [rows, 128]`.
+    ///
+    /// # Safety
+    /// As for `decode_rows`; `dec` holds `kc * 8` decoded tiles.
+    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]);
+}
+
+/// The batched product of one block (`mid` zeroed by the caller).
+///
+/// # Safety
+/// See [`TileOps`]; `scratch` holds at least [`DECODED_FLOATS`].
+pub(crate) unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    let m = job.rows.len();
+    let dec = &mut scratch[..DECODED_FLOATS];
+    let kt_n = job.kt_n();
+    let mut kt0 = 0;
+    while kt0 < kt_n {
+        let kc = KC.min(kt_n - kt0);
+        for c in 0..kc {
+            for tl in 0..BLOCK_TILES {
+                let out = &mut dec[(c * BLOCK_TILES + tl) * TILE_VALUES..][..TILE_VALUES];
+                T::decode_rows::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, out);
+            }
+        }
+        let mut i = 0;
+        while i + RB <= m {
+            T::rows_fma::<RB>(job, i, kt0, kc, dec, mid);
+            i += RB;
+        }
+        while i < m {
+            T::rows_fma::<1>(job, i, kt0, kc, dec, mid);
+            i += 1;
+        }
+        kt0 += kc;
+    }
+}
+
+/// `xp[c][q]`: the 16 inputs of tile row `kt0 + c` of local row `i0 + q`.
+#[inline(always)]
+pub(crate) fn xh_ptrs<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize) -> [[*const f32; R]; KC] {
+    let mut xp = [[core::ptr::null::<f32>(); R]; KC];
+    for (c, xc) in xp.iter_mut().enumerate().take(kc) {
+        for (q, p) in xc.iter_mut().enumerate() {
+            *p = job.xh_tile(job.rows[i0 + q], kt0 + c).as_ptr();
+        }
+    }
+    xp
+}
+
+/// Scatters a tile decoded in lane layout to row-major.
+#[inline(always)]
+pub(crate) fn lanes_to_rows(lanes: &[f32; TILE_VALUES], table: &[u8; TILE_VALUES], out: &mut [f32]) {
+    let out = &mut out[..TILE_VALUES];
+    for (p, &v) in lanes.iter().enumerate() {
+        out[table[p] as usize] = v;
+    }
+}
