@@ -9,14 +9,17 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<8>; 4]; 2];
-static TAB2: Tabs = group_windows::<8, 4>(2);
-static TAB3: Tabs = group_windows::<8, 4>(3);
+/// Decoded vectors come out of `cb8` with position p holding lane
+/// `8g + LANE_PERM[p]` (states go in in lane order).
+const LANE_PERM: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+static TAB2: Tabs = group_windows::<8, 4>(2, &identity());
+static TAB3: Tabs = group_windows::<8, 4>(3, &identity());
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -40,16 +43,13 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 unsafe fn cb8(s: __m256i) -> __m256 {
     let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CB_MUL as i32));
     let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CB_MASK as i32)), _mm256_set1_epi32(CB_XOR as i32));
-    // Low halves to bytes 0..8, high halves to 8..16 of each 128-bit lane,
-    // then gather both 128-bit lanes' low (high) halves together.
-    let ctl = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-    );
-    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(r, ctl));
-    let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-    let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p));
+    // The two halves of each word are adjacent f16 values: convert all 16
+    // and add neighbours. vhaddps works per 128-bit lane, so the sums come
+    // out in lane order LANE_PERM; inputs and reductions follow that order.
+    let a = _mm256_cvtph_ps(_mm256_castsi256_si128(r));
+    let b = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(r));
     // Exact f32 sum, one RNE rounding to f16: the contract's f16 addition.
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_add_ps(lo, hi)))
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)))
 }
 
 /// State vector (g, j) from the group's windows.
@@ -66,8 +66,9 @@ unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
 unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
     let lo = _mm256_loadu_ps(x);
     let hi = _mm256_loadu_ps(x.add(8));
-    let ev = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    let od = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    // Rows 2*(lane&3) + rj for the lanes in LANE_PERM order.
+    let ev = _mm256_setr_epi32(0, 2, 0, 2, 4, 6, 4, 6);
+    let od = _mm256_setr_epi32(1, 3, 1, 3, 5, 7, 5, 7);
     [
         _mm256_permutevar8x32_ps(lo, ev),
         _mm256_permutevar8x32_ps(lo, od),
@@ -111,18 +112,22 @@ unsafe fn tile_decode<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, out: 
     }
 }
 
-/// Sums lanes 0..4 and 4..8 of each accumulator into the tile's 16 columns.
+/// Sums each accumulator's lanes 0..4 (positions 0,1,4,5 in LANE_PERM
+/// order) and 4..8 (positions 2,3,6,7) into the tile's 16 columns.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
     for g in 0..4 {
         for jh in 0..2 {
             let v = acc[g * 2 + jh];
+            // [p0+p1, p2+p3, .., | p4+p5, p6+p7, ..]
             let s = _mm256_hadd_ps(v, v);
-            let s = _mm256_hadd_ps(s, s);
+            let lo = _mm256_castps256_ps128(s);
+            let hi = _mm256_extractf128_ps::<1>(s);
+            let t = _mm_add_ps(lo, hi); // [A, B, A, B]
             let c = 2 * g + 8 * jh;
-            mid[c] += _mm_cvtss_f32(_mm256_castps256_ps128(s));
-            mid[c + 1] += _mm_cvtss_f32(_mm256_extractf128_ps::<1>(s));
+            mid[c] += _mm_cvtss_f32(t);
+            mid[c + 1] += _mm_cvtss_f32(_mm_shuffle_ps::<1>(t, t));
         }
     }
 }
@@ -156,7 +161,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<8>();
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<8>(&LANE_PERM);
 
 pub(super) struct Avx2;
 

@@ -8,15 +8,15 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<16>; 2]; 2];
-static TAB2: Tabs = group_windows::<16, 2>(2);
-static TAB3: Tabs = group_windows::<16, 2>(3);
-static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<16>();
+static TAB2: Tabs = group_windows::<16, 2>(2, &identity());
+static TAB3: Tabs = group_windows::<16, 2>(3, &identity());
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<16>(&identity());
 
 #[inline]
 #[target_feature(enable = "avx512f")]

@@ -11,16 +11,16 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
 type Tabs = [[GroupWindow<4>; 8]; 2];
-static TAB2: Tabs = group_windows::<4, 8>(2);
-static TAB3: Tabs = group_windows::<4, 8>(3);
-static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<4>();
+static TAB2: Tabs = group_windows::<4, 8>(2, &identity());
+static TAB3: Tabs = group_windows::<4, 8>(3, &identity());
+static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<4>(&identity());
 
 /// Byte indices for `vqtbl2q_u8` picking words `idx` out of 8 loaded words.
 const fn byte_index(idx: [i32; 4]) -> [u8; 16] {

@@ -62,8 +62,20 @@ pub struct GroupWindow<const W: usize> {
     pub shr: [u32; W],
 }
 
-/// `tables[h][g]` for K, with `32 / W` groups.
-pub const fn group_windows<const W: usize, const G: usize>(k: usize) -> [[GroupWindow<W>; G]; 2] {
+/// The identity lane order: vector position `i` holds lane `W*g + i`.
+pub const fn identity<const W: usize>() -> [usize; W] {
+    let mut p = [0usize; W];
+    let mut i = 0;
+    while i < W {
+        p[i] = i;
+        i += 1;
+    }
+    p
+}
+
+/// `tables[h][g]` for K, with `32 / W` groups; vector position `i` of group
+/// `g` holds lane `W*g + perm[i]` (a kernel may order lanes as it likes).
+pub const fn group_windows<const W: usize, const G: usize>(k: usize, perm: &[usize; W]) -> [[GroupWindow<W>; G]; 2] {
     let empty = GroupWindow { base: 0, idx_a: [0; W], idx_b: [0; W], shl: [0; W], shr: [0; W] };
     let mut out = [[empty; G]; 2];
     let mut h = 0;
@@ -73,7 +85,7 @@ pub const fn group_windows<const W: usize, const G: usize>(k: usize) -> [[GroupW
             let mut base = usize::MAX;
             let mut i = 0;
             while i < W {
-                let (e, _) = window_source(k, g * W + i, h);
+                let (e, _) = window_source(k, g * W + perm[i], h);
                 if e < base {
                     base = e;
                 }
@@ -83,7 +95,7 @@ pub const fn group_windows<const W: usize, const G: usize>(k: usize) -> [[GroupW
             gw.base = base;
             let mut i = 0;
             while i < W {
-                let (e, off) = window_source(k, g * W + i, h);
+                let (e, off) = window_source(k, g * W + perm[i], h);
                 gw.idx_a[i] = (e - base) as i32;
                 gw.idx_b[i] = (e + 1 - base) as i32;
                 gw.shl[i] = off;
@@ -119,14 +131,15 @@ pub fn fill_ext(tile: &[i16], k: usize, ext: &mut [u32; EXT_WORDS]) {
     ext[nw + 1] = ext[1];
 }
 
-/// Lane-layout index `(g*8 + j)*W + i` (groups of `W` lanes: lane
-/// `W*g + i`, value `j`) -> row-major index `row*16 + col` in the tile.
-pub const fn lane_to_rowmajor<const W: usize>() -> [u8; 256] {
+/// Lane-layout index `(g*8 + j)*W + i` (groups of `W` lanes: vector
+/// position `i` holds lane `W*g + perm[i]`, value `j`) -> row-major index
+/// `row*16 + col` in the tile.
+pub const fn lane_to_rowmajor<const W: usize>(perm: &[usize; W]) -> [u8; 256] {
     let mut out = [0u8; 256];
     let mut p = 0;
     while p < 256 {
         let (g, j, i) = (p / (8 * W), (p / W) % 8, p % W);
-        out[p] = crate::codec::TILE_POS[8 * (W * g + i) + j];
+        out[p] = crate::codec::TILE_POS[8 * (W * g + perm[i]) + j];
         p += 1;
     }
     out
@@ -141,12 +154,12 @@ mod tests {
     /// lane/state of random tiles, both K, and all group widths.
     #[test]
     fn windows_match_bitstream() {
-        fn check<const W: usize, const G: usize>(k: usize, tile: &[i16]) {
-            let tabs = group_windows::<W, G>(k);
+        fn check<const W: usize, const G: usize>(k: usize, tile: &[i16], perm: &[usize; W]) {
+            let tabs = group_windows::<W, G>(k, perm);
             let mut ext = [0u32; EXT_WORDS];
             fill_ext(tile, k, &mut ext);
             for lane in 0..32 {
-                let (g, i) = (lane / W, lane % W);
+                let (g, i) = (lane / W, perm.iter().position(|&p| p == lane % W).unwrap());
                 for j in 0..8 {
                     let (h, sh) = state_window(k, j);
                     let gw = &tabs[h][g];
@@ -164,9 +177,10 @@ mod tests {
         for k in [2, 3] {
             for _ in 0..200 {
                 let tile: Vec<i16> = (0..16 * k).map(|_| rng.next_u32() as i16).collect();
-                check::<4, 8>(k, &tile);
-                check::<8, 4>(k, &tile);
-                check::<16, 2>(k, &tile);
+                check::<4, 8>(k, &tile, &identity());
+                check::<8, 4>(k, &tile, &identity());
+                check::<8, 4>(k, &tile, &[0, 1, 4, 5, 2, 3, 6, 7]);
+                check::<16, 2>(k, &tile, &identity());
             }
         }
     }
