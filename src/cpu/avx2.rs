@@ -8,16 +8,16 @@
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::batch::{gemm, xh_ptrs, TileOps};
+use super::tables::{fill_ext, group_windows, identity, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<8>; 4]; 2];
-/// Decoded vectors come out of `cb8` with position p holding lane
-/// `8g + LANE_PERM[p]` (states go in in lane order).
-const LANE_PERM: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+// LANE_PERM: decoded vectors come out of `cb8` with position p holding
+// lane 8g + [0, 1, 4, 5, 2, 3, 6, 7][p] (states go in in lane order); the
+// input vectors, the reduction and the row-major transpose follow it.
 static TAB2: Tabs = group_windows::<8, 4>(2, &identity());
 static TAB3: Tabs = group_windows::<8, 4>(3, &identity());
 
@@ -99,19 +99,6 @@ unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__
     }
 }
 
-/// Decodes one tile into 32 lane-layout vectors (index g*8 + j).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_decode<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, out: *mut f32) {
-    for g in 0..4 {
-        let w0 = window(ext, &tabs[0][g]);
-        let w = [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }];
-        for j in 0..8 {
-            _mm256_storeu_ps(out.add((g * 8 + j) * 8), cb8(states::<K>(&w, j)));
-        }
-    }
-}
-
 /// Sums each accumulator's lanes 0..4 (positions 0,1,4,5 in LANE_PERM
 /// order) and 4..8 (positions 2,3,6,7) into the tile's 16 columns.
 #[inline]
@@ -161,7 +148,6 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<8>(&LANE_PERM);
 
 pub(super) struct Avx2;
 
@@ -176,14 +162,43 @@ impl TileOps for Avx2 {
     }
 }
 
+/// Decodes tile `(kt, nt)` straight to row-major f32 with in-register
+/// transposes. For value j, vectors g = 0..3 hold (in LANE_PERM order)
+/// rows `2k + rj` (k = 0..3) of columns `8*(j>>2) + 2g + {0, 1}`; pairing
+/// positions (0,2), (1,3), (4,6), (5,7) gives row k's two columns of each
+/// g, and a 4x4 transpose of those 64-bit pairs gives row k's 8 columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+    let out = &mut out[..256];
     let mut ext = [0u32; EXT_WORDS];
-    let mut lanes = [0f32; 256];
     load_ext::<K>(job, kt, nt, &mut ext);
-    tile_decode::<K>(&ext, tabs, lanes.as_mut_ptr());
-    lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
+    let mut w = [[_mm256_setzero_si256(); 2]; 4];
+    for (g, wg) in w.iter_mut().enumerate() {
+        let w0 = window(&ext, &tabs[0][g]);
+        *wg = [w0, if K == 3 { window(&ext, &tabs[1][g]) } else { w0 }];
+    }
+    for j in 0..8 {
+        let rj = (j & 1) + 8 * ((j >> 1) & 1);
+        let c0 = 8 * (j >> 2);
+        let v: [__m256d; 4] = core::array::from_fn(|g| {
+            // [e0, e2, e1, e3 | e4, e6, e5, e7] as four (row k) pairs.
+            _mm256_castps_pd(_mm256_permute_ps::<0b11_01_10_00>(cb8(states::<K>(&w[g], j))))
+        });
+        let lo01 = _mm256_unpacklo_pd(v[0], v[1]);
+        let hi01 = _mm256_unpackhi_pd(v[0], v[1]);
+        let lo23 = _mm256_unpacklo_pd(v[2], v[3]);
+        let hi23 = _mm256_unpackhi_pd(v[2], v[3]);
+        let rows = [
+            _mm256_permute2f128_pd::<0x20>(lo01, lo23),
+            _mm256_permute2f128_pd::<0x20>(hi01, hi23),
+            _mm256_permute2f128_pd::<0x31>(lo01, lo23),
+            _mm256_permute2f128_pd::<0x31>(hi01, hi23),
+        ];
+        for (k, r) in rows.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add((2 * k + rj) * TILE + c0), _mm256_castpd_ps(*r));
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
