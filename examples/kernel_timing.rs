@@ -1,0 +1,39 @@
+//! Quick single-thread timing of the CPU kernels over several shapes and
+//! batch sizes (best of 3 runs of about 2e9 multiply-adds each); a faster,
+//! rougher companion to `cargo bench --bench linear`.
+//!
+//! `cargo run --release --example kernel_timing` (ESCHA_CPU_ISA caps the path)
+
+use escha_ggml::cpu::{CpuLinear, Kernel};
+use escha_ggml::reference::Linear;
+use escha_ggml::testutil::Rng;
+use escha_ggml::LinearShape;
+fn main() {
+    let kernel = Kernel::best();
+    for (k, ic, oc) in [(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)] {
+        let mut rng = Rng::new(1);
+        let shape = LinearShape::new("b", k, ic, oc).unwrap();
+        let code = rng.code(shape.code_len());
+        let rin = rng.f16s(ic, 0.0, 1.0);
+        let rout = rng.f16s(oc, 0.0, 0.02);
+        let l = Linear { name: "b", shape, code: &code, rin: &rin, rout: &rout, s_in: None, s_out: None, bias: None };
+        let lin = CpuLinear::new(&l, kernel).unwrap();
+        for m in [1usize, 8, 64] {
+            let x = rng.f32s(m * ic, 0.0, 1.0);
+            let mut xh = vec![0f32; m * ic];
+            let mut y = vec![0f32; m * oc];
+            let mut scratch = vec![0f32; lin.scratch_floats(m)];
+            let iters = (2e9 / (ic * oc * m) as f64).max(2.0) as usize;
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                for _ in 0..iters {
+                    lin.transform_input(&x, m, &mut xh, 0, 1);
+                    unsafe { lin.compute_shared(&xh, m, y.as_mut_ptr(), 0, 1, &mut scratch) };
+                }
+                best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+            }
+            println!("k{k} {ic}x{oc} m{m}: {:.2} G weights/s  ({:.1} us/call)", (ic * oc * m) as f64 / best / 1e9, best * 1e6);
+        }
+    }
+}
