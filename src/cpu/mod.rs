@@ -32,7 +32,7 @@ pub mod linear;
 pub mod moe;
 
 pub use linear::CpuLinear;
-pub use moe::CpuMoe;
+pub use moe::{CpuMoe, ExpertGroups, Slots};
 
 use crate::codec::TILE;
 use crate::hadamard::N as HBLOCK;

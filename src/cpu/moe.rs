@@ -1,21 +1,55 @@
-//! Expert-indexed coded linear on the CPU kernels: slots are grouped by
-//! expert so each used expert's tiles are decoded once per call and
-//! applied to all of its rows.
+//! The coded-linear engine on the CPU kernels, expert-indexed in general
+//! (a dense linear is the one-expert case, see [`super::CpuLinear`]).
+//!
+//! A call works on *slots*: each slot is one input row, the expert it uses
+//! and one output row (`y [slots, OC]`). Slots are grouped by expert so each
+//! used expert's tiles are decoded once per call and applied to all of its
+//! rows. Scales are folded on the fly (per slot on the input side, per
+//! 128-column block on the output side), so nothing per expert is stored.
 
 use super::{input_transform_row, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
 use crate::error::Result;
-use crate::reference::{fold, Moe, Routing};
+use crate::reference::{Moe, Routing};
 use crate::validate::{check_len, MoeShape};
+use half::f16;
 
-/// A validated expert-stacked linear with folded per-expert scales.
+/// A validated expert-stacked linear, ready to run.
 pub struct CpuMoe<'a> {
     pub name: &'a str,
     pub shape: MoeShape,
-    /// `[E, IC]` and `[E, OC]`.
-    rin_eff: Vec<f32>,
-    rout_eff: Vec<f32>,
     moe: Moe<'a>,
     kernel: Kernel,
+}
+
+/// The inputs of one call: per slot, its expert and its input row (`IC`
+/// values).
+pub struct Slots<'a> {
+    pub experts: Vec<u32>,
+    pub x: Vec<&'a [f32]>,
+}
+
+impl<'a> Slots<'a> {
+    /// Slots of a routing over `x [T, nx, IC]` (validated routing).
+    pub fn from_routing(r: &Routing, x: &'a [f32], ic: usize) -> Self {
+        let n = r.tokens * r.n_used;
+        let mut s = Slots { experts: Vec::with_capacity(n), x: Vec::with_capacity(n) };
+        for t in 0..r.tokens {
+            for u in 0..r.n_used {
+                let (e, xr) = r.slot(t, u);
+                s.experts.push(e as u32);
+                s.x.push(&x[xr * ic..(xr + 1) * ic]);
+            }
+        }
+        s
+    }
+
+    pub fn len(&self) -> usize {
+        self.experts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.experts.is_empty()
+    }
 }
 
 /// Slots grouped by expert: `slots[start[e]..start[e+1]]` use expert `e`,
@@ -26,18 +60,18 @@ pub struct ExpertGroups {
 }
 
 impl ExpertGroups {
-    /// Counting sort of `ids` (already validated against `n_expert`).
-    pub fn new(ids: &[i32], n_expert: usize) -> Self {
+    /// Counting sort of per-slot experts (already validated against `n_expert`).
+    pub fn new(experts: &[u32], n_expert: usize) -> Self {
         let mut start = vec![0usize; n_expert + 1];
-        for &e in ids {
+        for &e in experts {
             start[e as usize + 1] += 1;
         }
         for e in 0..n_expert {
             start[e + 1] += start[e];
         }
         let mut fill = start.clone();
-        let mut slots = vec![0usize; ids.len()];
-        for (s, &e) in ids.iter().enumerate() {
+        let mut slots = vec![0usize; experts.len()];
+        for (s, &e) in experts.iter().enumerate() {
             slots[fill[e as usize]] = s;
             fill[e as usize] += 1;
         }
@@ -54,22 +88,27 @@ impl ExpertGroups {
     }
 }
 
+/// `r * s` per channel into `out` (the scale fold, in f32).
+fn fold_into(r: &[f16], s: Option<&[f32]>, out: &mut [f32]) {
+    match s {
+        Some(s) => out.iter_mut().zip(r.iter().zip(s)).for_each(|(o, (r, s))| *o = r.to_f32() * s),
+        None => out.iter_mut().zip(r).for_each(|(o, r)| *o = r.to_f32()),
+    }
+}
+
 impl<'a> CpuMoe<'a> {
+    /// Validates `p` (lengths, finite scales).
     pub fn new(p: &Moe<'a>, kernel: Kernel) -> Result<Self> {
         p.validate()?;
-        let s = p.shape;
-        let mut rin_eff = Vec::with_capacity(s.e * s.ic);
-        let mut rout_eff = Vec::with_capacity(s.e * s.oc);
-        for e in 0..s.e {
-            let l = p.expert(e);
-            rin_eff.extend(fold(l.rin, l.s_in));
-            rout_eff.extend(fold(l.rout, l.s_out));
-        }
-        Ok(Self { name: p.name, shape: s, rin_eff, rout_eff, moe: *p, kernel })
+        Ok(Self::new_unchecked(p, kernel))
     }
 
-    fn blocks(&self) -> usize {
-        self.shape.oc / BLOCK_COLS
+    /// Without validation, for callers that validated the weights once at
+    /// load time (ggml). Lengths must still be right: slices are indexed
+    /// with bounds checks, so a wrong length panics instead of reading
+    /// out of bounds.
+    pub fn new_unchecked(p: &Moe<'a>, kernel: Kernel) -> Self {
+        Self { name: p.name, shape: p.shape, moe: *p, kernel }
     }
 
     /// Scratch floats one thread needs in phase 2.
@@ -81,63 +120,74 @@ impl<'a> CpuMoe<'a> {
     pub fn forward(&self, x: &[f32], r: &Routing) -> Result<Vec<f32>> {
         r.validate(self.name, self.shape.e)?;
         check_len(self.name, "x", x.len(), r.tokens * r.nx * self.shape.ic)?;
-        let n = r.tokens * r.n_used;
-        let mut xh = vec![0f32; n * self.shape.ic];
-        self.transform_input(x, r, &mut xh, 0, 1);
-        let groups = ExpertGroups::new(r.ids, self.shape.e);
-        let mut y = vec![0f32; n * self.shape.oc];
+        Ok(self.forward_slots(&Slots::from_routing(r, x, self.shape.ic)))
+    }
+
+    /// Whole forward of prepared slots on the calling thread: `y [slots, OC]`.
+    pub fn forward_slots(&self, slots: &Slots) -> Vec<f32> {
+        let mut xh = vec![0f32; slots.len() * self.shape.ic];
+        // SAFETY: xh holds slots*IC floats, exclusively borrowed.
+        unsafe { self.transform_input_shared(slots, xh.as_mut_ptr(), 0, 1) };
+        let groups = ExpertGroups::new(&slots.experts, self.shape.e);
+        let mut y = vec![0f32; slots.len() * self.shape.oc];
         let mut scratch = vec![0f32; self.scratch_floats(&groups)];
         // SAFETY: y holds every slot's OC outputs and this is the only writer.
         unsafe { self.compute_shared(&xh, &groups, y.as_mut_ptr(), 0, 1, &mut scratch) };
-        Ok(y)
+        y
     }
 
-    /// Phase 1 on the calling thread, share `ith` of `nth` of the slots:
-    /// `xh [T*n_used * IC]` (tile-row major), each slot's input transformed
-    /// with its expert's `rin_eff`. `r` must be validated.
-    pub fn transform_input(&self, x: &[f32], r: &Routing, xh: &mut [f32], ith: usize, nth: usize) {
-        assert!(xh.len() >= r.tokens * r.n_used * self.shape.ic, "{}: xh too short", self.name);
-        // SAFETY: xh is large enough and exclusively borrowed.
-        unsafe { self.transform_input_shared(x, r, xh.as_mut_ptr(), ith, nth) }
-    }
-
-    /// Phase 1 for concurrent callers.
+    /// Phase 1, share `ith` of `nth` of the slots: `xh [slots * IC]` in the
+    /// kernels' tile-row-major layout, each slot's row scaled by its expert's
+    /// folded `rin * s_in`.
     ///
     /// # Safety
     /// `xh` must be valid for writes of `slots * IC` floats; concurrent
     /// callers must use the same `nth`, distinct `ith`, and nothing else may
     /// access `xh` until all have finished.
-    pub unsafe fn transform_input_shared(&self, x: &[f32], r: &Routing, xh: *mut f32, ith: usize, nth: usize) {
+    pub unsafe fn transform_input_shared(&self, slots: &Slots, xh: *mut f32, ith: usize, nth: usize) {
         let ic = self.shape.ic;
-        let n = r.tokens * r.n_used;
-        assert!(x.len() >= r.tokens * r.nx * ic, "{}: x too short", self.name);
+        let n = slots.len();
+        let mut rin_eff = vec![0f32; ic];
         let mut tmp = vec![0f32; ic];
-        for slot in split(n, ith, nth) {
-            let (e, xr) = r.slot(slot / r.n_used, slot % r.n_used);
-            input_transform_row(&x[xr * ic..(xr + 1) * ic], &self.rin_eff[e * ic..(e + 1) * ic], xh, n, slot, &mut tmp);
+        let mut folded_for = usize::MAX;
+        for s in split(n, ith, nth) {
+            let e = slots.experts[s] as usize;
+            if e != folded_for {
+                let l = self.moe.expert(e);
+                fold_into(l.rin, l.s_in, &mut rin_eff);
+                folded_for = e;
+            }
+            input_transform_row(slots.x[s], &rin_eff, xh, n, s, &mut tmp);
         }
     }
 
-    /// Phase 2, share `ith` of `nth` of the (used expert, output block) units.
+    /// Phase 2, share `ith` of `nth` of the (used expert, output block)
+    /// units: products and output transforms into `y [slots, OC]`.
     ///
     /// # Safety
     /// `y` must be valid for writes of `slots * OC` floats; concurrent
     /// callers must use the same `nth`, distinct `ith`, and nothing else may
-    /// access `y` meanwhile.
+    /// access `y` meanwhile. `xh` must be complete (all of phase 1 done).
     pub unsafe fn compute_shared(&self, xh: &[f32], groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
         let MoeShape { k, e: n_exp, ic, oc } = self.shape;
-        let nb = self.blocks();
+        let nb = oc / BLOCK_COLS;
+        let n_slots = groups.slots.len();
+        assert!(xh.len() >= n_slots * ic, "{}: xh too short", self.name);
+        assert!(scratch.len() >= self.scratch_floats(groups), "{}: scratch too small", self.name);
         let used: Vec<usize> = (0..n_exp).filter(|&e| !groups.of(e).is_empty()).collect();
         let mine = split(used.len() * nb, ith, nth);
+        let mut rout_eff = vec![0f32; oc];
         let mut unit = mine.start;
         while unit < mine.end {
             let e = used[unit / nb];
             let b0 = unit % nb;
             let b1 = nb.min(b0 + (mine.end - unit));
             let lin = self.moe.expert(e);
-            let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: groups.slots.len(), rows: groups.of(e), block: 0 };
-            let rout = &self.rout_eff[e * oc..(e + 1) * oc];
-            self.kernel.run_blocks(job, b0..b1, rout, lin.bias, scratch, |row, c0, v| {
+            let cols = b0 * BLOCK_COLS..b1 * BLOCK_COLS;
+            let so = lin.s_out.map(|s| &s[cols.clone()]);
+            fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
+            let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows: groups.of(e), block: 0 };
+            self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
                 // SAFETY: row is a slot index < slots and c0 + 128 <= OC.
                 unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(row * oc + c0), v.len()) }
             });
