@@ -16,6 +16,9 @@ pub mod codec;
 pub mod cpu;
 pub mod cref;
 pub mod error;
+pub mod ffi;
+#[cfg(feature = "ggml")]
+pub mod ggml;
 pub mod hadamard;
 pub mod rawio;
 pub mod reference;

@@ -34,6 +34,7 @@ pub mod moe;
 pub use linear::CpuLinear;
 pub use moe::{CpuMoe, ExpertGroups, Slots};
 
+
 use crate::codec::TILE;
 use crate::hadamard::N as HBLOCK;
 use crate::reference::{input_transform, output_transform};

@@ -1,0 +1,203 @@
+//! The functions ggml-cpu calls for `GGML_OP_ESCHA_LINEAR` and
+//! `GGML_OP_ESCHA_MOE` (declared in `ggml-escha/escha_ffi.h`).
+//!
+//! Every entry point catches panics: nothing unwinds into C. The
+//! descriptor's pointers are ggml tensor data, valid for the call; the
+//! shapes were asserted by the op constructors, and are checked again here
+//! before any slice is formed.
+
+use crate::cpu::{scratch_floats, CpuMoe, ExpertGroups, Kernel, Slots};
+use crate::reference::Moe;
+use crate::validate::MoeShape;
+use half::f16;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+/// Mirror of `escha_op_desc`.
+#[repr(C)]
+pub struct EschaOpDesc {
+    pub k: i32,
+    pub flags: i32,
+    pub ic: i64,
+    pub oc: i64,
+    pub n_expert: i64,
+    pub code: *const i16,
+    pub code_nb_e: usize,
+    pub rin: *const u16,
+    pub rin_nb_e: usize,
+    pub rout: *const u16,
+    pub rout_nb_e: usize,
+    pub s_in: *const f32,
+    pub s_in_nb_e: usize,
+    pub s_out: *const f32,
+    pub s_out_nb_e: usize,
+    pub bias: *const f32,
+    pub bias_nb_e: usize,
+    pub x: *const u8,
+    pub x_ne: [i64; 4],
+    pub x_nb: [usize; 4],
+    pub ids: *const u8,
+    pub ids_ne: [i64; 2],
+    pub ids_nb: [usize; 2],
+    pub dst: *mut f32,
+}
+
+pub const OK: i32 = 0;
+pub const BAD_DESC: i32 = 1;
+pub const BAD_EXPERT: i32 = 2;
+pub const WORK_SIZE: i32 = 3;
+pub const PANIC: i32 = 4;
+
+const ALIGN: usize = 64;
+
+fn align_up(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Work buffer layout: `xh [slots, IC]`, then one scratch per thread.
+fn layout(ic: usize, n_slots: usize, n_threads: usize) -> (usize, usize, usize) {
+    let xh = align_up(n_slots * ic * 4);
+    let per_thread = align_up(scratch_floats(n_slots) * 4);
+    (xh, per_thread, ALIGN + xh + n_threads * per_thread)
+}
+
+fn kernel() -> Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    *K.get_or_init(Kernel::best)
+}
+
+#[no_mangle]
+pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads: i32) -> usize {
+    if ic <= 0 || n_slots < 0 || n_threads <= 0 {
+        return 0;
+    }
+    layout(ic as usize, n_slots as usize, n_threads as usize).2
+}
+
+/// # Safety
+/// `desc` points to a descriptor whose pointers are valid for the extents
+/// it describes; `wdata` is valid for `wsize` bytes and shared by the
+/// `nth` threads of this op, which call phase 1, synchronise, then phase 2.
+#[no_mangle]
+pub unsafe extern "C" fn escha_rs_forward(desc: *const EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> i32 {
+    let r = catch_unwind(AssertUnwindSafe(|| forward(&*desc, phase, ith, nth, wdata, wsize)));
+    match r {
+        Ok(Ok(())) => OK,
+        Ok(Err(code)) => code,
+        Err(_) => PANIC,
+    }
+}
+
+/// The op's weights and slots viewed as slices.
+struct View<'a> {
+    moe: Moe<'a>,
+    slots: Slots<'a>,
+}
+
+unsafe fn slice<'a, T>(p: *const T, n: usize) -> Result<&'a [T], i32> {
+    if p.is_null() {
+        return Err(BAD_DESC);
+    }
+    Ok(std::slice::from_raw_parts(p, n))
+}
+
+/// Per-expert vector: stacked `[E, n]` (stride `nb_e` bytes) or shared (`nb_e == 0`).
+/// Returned as one contiguous slice the way `reference::Moe` expects it.
+unsafe fn per_expert<'a, T>(p: *const T, nb_e: usize, n: usize, e: usize) -> Result<&'a [T], i32> {
+    let sz = std::mem::size_of::<T>();
+    match nb_e {
+        0 => slice(p, n),
+        s if s == n * sz => slice(p, n * e),
+        _ => Err(BAD_DESC),
+    }
+}
+
+unsafe fn view<'a>(d: &'a EschaOpDesc) -> Result<View<'a>, i32> {
+    let (k, ic, oc, e) = (d.k as usize, d.ic as usize, d.oc as usize, d.n_expert as usize);
+    let shape = MoeShape::new("escha op", k, e, ic, oc).map_err(|_| BAD_DESC)?;
+    let code_len = shape.linear().code_len();
+    if d.code_nb_e != code_len * 2 && e > 1 {
+        return Err(BAD_DESC);
+    }
+    let opt = |p: *const f32, nb: usize, n: usize| -> Result<Option<&'a [f32]>, i32> {
+        if p.is_null() {
+            Ok(None)
+        } else {
+            per_expert(p, nb, n, e).map(Some)
+        }
+    };
+    let moe = Moe {
+        name: "escha op",
+        shape,
+        code: slice(d.code, code_len * e)?,
+        rin: std::slice::from_raw_parts(per_expert(d.rin, d.rin_nb_e, ic, e)?.as_ptr() as *const f16, ic * e),
+        rout: std::slice::from_raw_parts(per_expert(d.rout, d.rout_nb_e, oc, e)?.as_ptr() as *const f16, oc * e),
+        s_in: opt(d.s_in, d.s_in_nb_e, ic)?,
+        s_out: opt(d.s_out, d.s_out_nb_e, oc)?,
+        bias: opt(d.bias, d.bias_nb_e, oc)?,
+    };
+    if d.rin_nb_e == 0 && e > 1 || d.rout_nb_e == 0 && e > 1 {
+        return Err(BAD_DESC); // rin/rout are always per expert
+    }
+    if d.x.is_null() || d.x_ne[0] as usize != ic || d.x_nb[0] != 4 {
+        return Err(BAD_DESC);
+    }
+    let row = |off: usize| std::slice::from_raw_parts(d.x.add(off) as *const f32, ic);
+    let mut slots = Slots { experts: Vec::new(), x: Vec::new() };
+    if d.ids.is_null() {
+        let (n1, n2, n3) = (d.x_ne[1] as usize, d.x_ne[2] as usize, d.x_ne[3] as usize);
+        for i3 in 0..n3 {
+            for i2 in 0..n2 {
+                for i1 in 0..n1 {
+                    slots.experts.push(0);
+                    slots.x.push(row(i1 * d.x_nb[1] + i2 * d.x_nb[2] + i3 * d.x_nb[3]));
+                }
+            }
+        }
+    } else {
+        let (n_used, tokens) = (d.ids_ne[0] as usize, d.ids_ne[1] as usize);
+        let nx = d.x_ne[1] as usize;
+        if nx == 0 || n_used % nx != 0 || d.x_ne[2] as usize != tokens {
+            return Err(BAD_DESC);
+        }
+        for t in 0..tokens {
+            for u in 0..n_used {
+                let id = *(d.ids.add(u * d.ids_nb[0] + t * d.ids_nb[1]) as *const i32);
+                if id < 0 || id as usize >= e {
+                    return Err(BAD_EXPERT);
+                }
+                slots.experts.push(id as u32);
+                slots.x.push(row((u % nx) * d.x_nb[1] + t * d.x_nb[2]));
+            }
+        }
+    }
+    Ok(View { moe, slots })
+}
+
+unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> Result<(), i32> {
+    if nth <= 0 || ith < 0 || ith >= nth || d.dst.is_null() {
+        return Err(BAD_DESC);
+    }
+    let (ith, nth) = (ith as usize, nth as usize);
+    let v = view(d)?;
+    let engine = CpuMoe::new_unchecked(&v.moe, kernel());
+    let n = v.slots.len();
+    let ic = d.ic as usize;
+    let (xh_bytes, per_thread, need) = layout(ic, n, nth);
+    if wdata.is_null() || wsize < need {
+        return Err(WORK_SIZE);
+    }
+    let base = wdata.add(wdata.align_offset(ALIGN));
+    let xh = base as *mut f32;
+    match phase {
+        1 => engine.transform_input_shared(&v.slots, xh, ith, nth),
+        2 => {
+            let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
+            let xh = std::slice::from_raw_parts(xh as *const f32, n * ic);
+            let scratch = std::slice::from_raw_parts_mut(base.add(xh_bytes + ith * per_thread) as *mut f32, per_thread / 4);
+            engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
+        }
+        _ => return Err(BAD_DESC),
+    }
+    Ok(())
+}

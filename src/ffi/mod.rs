@@ -1,0 +1,7 @@
+//! The crate's FFI surface, in one place:
+//! - [`cpu_backend`]: the Rust CPU kernels exported to ggml-cpu;
+//! - `ggml_sys` (feature `ggml`): raw bindings to the patched ggml, wrapped
+//!   safely by [`crate::ggml`].
+pub mod cpu_backend;
+#[cfg(feature = "ggml")]
+pub mod ggml_sys;

@@ -1,0 +1,111 @@
+//! The escha ops through the patched ggml: ggml's CPU backend (Rust
+//! kernels) and its reference path (C reference) against the crate's
+//! reference, and the safe API's error handling.
+#![cfg(feature = "ggml")]
+
+mod common;
+
+use common::*;
+use escha_ggml::ggml::{Backend, GgmlError, Graph};
+use escha_ggml::reference::{self, Moe, Routing};
+use escha_ggml::testutil::Rng;
+use escha_ggml::MoeShape;
+use half::f16;
+
+/// y of a dense problem through ggml on `backend`.
+fn ggml_linear(backend: &Backend, p: &Problem, x: &[f32], m: usize) -> Result<Vec<f32>, GgmlError> {
+    let (k, ic, oc) = (p.shape.k as i64, p.shape.ic as i64, p.shape.oc as i64);
+    let g = Graph::new(backend)?;
+    let code = g.tensor("code", &[16 * k, oc / 16, ic / 16], &p.code)?;
+    let xt = g.tensor("x", &[ic, m as i64], x)?;
+    let rin = g.tensor("rin", &[ic], &p.rin)?;
+    let rout = g.tensor("rout", &[oc], &p.rout)?;
+    let s_in = p.s_in.as_ref().map(|v| g.tensor("s_in", &[ic], v)).transpose()?;
+    let s_out = p.s_out.as_ref().map(|v| g.tensor("s_out", &[oc], v)).transpose()?;
+    let bias = p.bias.as_ref().map(|v| g.tensor("bias", &[oc], v)).transpose()?;
+    let y = g.escha_linear(code, xt, rin, rout, s_in, s_out, bias)?;
+    g.compute(y)
+}
+
+#[test]
+fn linear_through_ggml_matches_references() {
+    let rust = Backend::cpu(2).unwrap();
+    let cref = Backend::cpu_reference(2).unwrap();
+    for (i, (k, ic, oc)) in [(2, 256, 384), (3, 384, 256), (2, 128, 128)].into_iter().enumerate() {
+        for (scales, bias) in [(true, true), (false, false)] {
+            let p = Problem::new(900 + i as u64, k, ic, oc, scales, bias);
+            for m in [1, 17, 33] {
+                let x = p.input(3, m);
+                let want = reference::linear(&p.linear(), &x, m).unwrap();
+                let via_ref = ggml_linear(&cref, &p, &x, m).unwrap();
+                assert_eq!(f32_bits_of(&via_ref), bits(&want), "ggml reference path k={k} {ic}x{oc} m={m}");
+                let via_rust = ggml_linear(&rust, &p, &x, m).unwrap();
+                let bound = order_bound(&p.linear(), &x, m);
+                assert_within(&format!("ggml CPU k={k} {ic}x{oc} m={m}"), &via_rust, &want, &bound);
+            }
+        }
+    }
+}
+
+#[test]
+fn moe_through_ggml_matches_references() {
+    let rust = Backend::cpu(2).unwrap();
+    let cref = Backend::cpu_reference(1).unwrap();
+    let (k, e, ic, oc) = (3usize, 4usize, 256usize, 384usize);
+    let mut rng = Rng::new(5);
+    let shape = MoeShape::new("experts", k, e, ic, oc).unwrap();
+    let code = rng.code(shape.code_len());
+    let rin = rng.f16s(e * ic, 0.0, 1.0);
+    let mut rout = rng.f16s(e * oc, 0.02, 0.01);
+    rout.iter_mut().step_by(7).for_each(|v| *v = f16::ZERO);
+    let s_out = rng.f32s(e * oc, 1.0, 0.02);
+    for (nx, n_used, tokens) in [(1usize, 2usize, 17usize), (2, 2, 5)] {
+        let ids: Vec<i32> = (0..tokens * n_used).map(|i| ((i * 7 + i / n_used) % e) as i32).collect();
+        let x = rng.f32s(tokens * nx * ic, 0.0, 1.0);
+        let moe = Moe { name: "experts", shape, code: &code, rin: &rin, rout: &rout, s_in: None, s_out: Some(&s_out), bias: None };
+        let want = reference::moe(&moe, &x, &Routing { ids: &ids, n_used, tokens, nx }).unwrap();
+        for (backend, exact) in [(&cref, true), (&rust, false)] {
+            let g = Graph::new(backend).unwrap();
+            let ct = g.tensor("code", &[16 * k as i64, (oc / 16) as i64, (ic / 16) as i64, e as i64], &code).unwrap();
+            let xt = g.tensor("x", &[ic as i64, nx as i64, tokens as i64], &x).unwrap();
+            let it = g.tensor("ids", &[n_used as i64, tokens as i64], &ids).unwrap();
+            let ri = g.tensor("rin", &[ic as i64, e as i64], &rin).unwrap();
+            let ro = g.tensor("rout", &[oc as i64, e as i64], &rout).unwrap();
+            let so = g.tensor("s_out", &[oc as i64, e as i64], &s_out).unwrap();
+            let y = g.escha_moe(ct, xt, it, ri, ro, None, Some(so), None).unwrap();
+            let got = g.compute(y).unwrap();
+            if exact {
+                assert_eq!(f32_bits_of(&got), bits(&want), "ggml reference path nx={nx}");
+            } else {
+                for s in 0..tokens * n_used {
+                    let (t, u) = (s / n_used, s % n_used);
+                    let ex = ids[s] as usize;
+                    let xr = t * nx + u % nx;
+                    let bound = order_bound(&moe.expert(ex), &x[xr * ic..(xr + 1) * ic], 1);
+                    assert_within(&format!("ggml CPU MoE slot {s}"), &got[s * oc..(s + 1) * oc], &want[s * oc..(s + 1) * oc], &bound);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors_not_aborts() {
+    let b = Backend::cpu(1).unwrap();
+    let g = Graph::new(&b).unwrap();
+    let code = g.tensor("blk.0.ffn_up.escha_code", &[64, 8, 8], &vec![0i16; 64 * 64]).unwrap();
+    let x = g.tensor("x", &[128, 1], &[0f32; 128]).unwrap();
+    let rin = g.tensor("rin", &[128], &[f16::ONE; 128]).unwrap();
+    let rout = g.tensor("rout", &[128], &[f16::ONE; 128]).unwrap();
+    match g.escha_linear(code, x, rin, rout, None, None, None) {
+        Err(GgmlError::Shape { name, detail }) => {
+            assert_eq!(name, "blk.0.ffn_up.escha_code");
+            assert!(detail.contains("16*K"), "{detail}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let code = g.tensor("code", &[32, 8, 8], &vec![0i16; 32 * 64]).unwrap();
+    let short = g.tensor("rin_short", &[64], &[f16::ONE; 64]).unwrap();
+    assert!(matches!(g.escha_linear(code, x, short, rout, None, None, None), Err(GgmlError::Shape { .. })));
+    assert!(matches!(g.tensor("bad", &[3, 3], &[0f32; 8]), Err(GgmlError::Shape { .. })));
+}
