@@ -15,9 +15,6 @@
 //! (`ESCHA_CACHE_DIR`, default `~/.cache/escha-ggml`) and checked against
 //! its SHA-256.
 
-use std::env;
-use std::path::{Path, PathBuf};
-
 fn main() {
     build_c_reference();
     #[cfg(feature = "ggml")]
@@ -38,51 +35,52 @@ fn build_c_reference() {
         .compile("escha_ref");
 }
 
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
-}
-
-fn out_dir() -> PathBuf {
-    PathBuf::from(env::var("OUT_DIR").unwrap())
-}
-
-/// Fails the build with one clear message.
-fn fail(msg: &str) -> ! {
-    eprintln!("\nescha-ggml build error:\n{msg}\n");
-    std::process::exit(1);
-}
-
-fn run(cmd: &mut std::process::Command, what: &str) {
-    let status = cmd.status().unwrap_or_else(|e| fail(&format!("{what}: cannot start {:?}: {e}", cmd.get_program())));
-    if !status.success() {
-        fail(&format!("{what} failed ({status})"));
-    }
-}
-
-/// Writes `data` to `path` only if it differs, so unchanged files keep their
-/// timestamps and CMake does not rebuild what they feed.
-fn write_if_changed(path: &Path, data: &[u8]) {
-    if std::fs::read(path).ok().as_deref() == Some(data) {
-        return;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).unwrap();
-    }
-    std::fs::write(path, data).unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
-}
-
 #[cfg(feature = "ggml")]
 mod ggml {
-    use super::*;
     use sha2::{Digest, Sha256};
+    use std::env;
+    use std::path::{Path, PathBuf};
     use std::process::Command;
+
+    fn manifest_dir() -> PathBuf {
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+    }
+
+    fn out_dir() -> PathBuf {
+        PathBuf::from(env::var("OUT_DIR").unwrap())
+    }
+
+    /// Fails the build with one clear message.
+    fn fail(msg: &str) -> ! {
+        eprintln!("\nescha-ggml build error:\n{msg}\n");
+        std::process::exit(1);
+    }
+
+    fn run(cmd: &mut std::process::Command, what: &str) {
+        let status = cmd.status().unwrap_or_else(|e| fail(&format!("{what}: cannot start {:?}: {e}", cmd.get_program())));
+        if !status.success() {
+            fail(&format!("{what} failed ({status})"));
+        }
+    }
+
+    /// Writes `data` to `path` only if it differs, so unchanged files keep their
+    /// timestamps and CMake does not rebuild what they feed.
+    fn write_if_changed(path: &Path, data: &[u8]) {
+        if std::fs::read(path).ok().as_deref() == Some(data) {
+            return;
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(path, data).unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
+    }
 
     const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
     const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
     const SDIST_SPEC: &str = "llama-cpp-python==0.3.36";
     const TREE_IN_SDIST: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp";
     /// The parts of the tree the build needs.
-    const TREE_PARTS: [&str; 9] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "tests", "CMakeLists.txt"];
+    const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
     const TOOLS: [&str; 5] = ["llama-cli", "llama-server", "llama-bench", "llama-perplexity", "llama-quantize"];
 
     pub fn build() {
@@ -155,8 +153,9 @@ mod ggml {
             return dir;
         }
         let dest = out_dir().join("llama.cpp-pristine");
-        let stamp = dest.join(".escha-sdist-sha256");
-        if std::fs::read_to_string(&stamp).ok().as_deref() == Some(SDIST_SHA256) {
+        let stamp = dest.join(".escha-extracted");
+        let id = format!("{SDIST_SHA256} {TREE_PARTS:?}");
+        if std::fs::read_to_string(&stamp).ok().as_deref() == Some(id.as_str()) {
             return dest;
         }
         let archive = sdist();
@@ -168,7 +167,7 @@ mod ggml {
             tar.arg(format!("{TREE_IN_SDIST}/{part}"));
         }
         run(&mut tar, "extracting the llama.cpp tree");
-        std::fs::write(&stamp, SDIST_SHA256).unwrap();
+        std::fs::write(&stamp, id).unwrap();
         dest
     }
 
@@ -218,7 +217,7 @@ mod ggml {
         let pristine = pristine();
         let tree = out_dir().join("llama.cpp");
         let stamp = tree.join(".escha-synced-from");
-        let src_id = pristine.display().to_string();
+        let src_id = format!("{} {TREE_PARTS:?}", pristine.display());
         if std::fs::read_to_string(&stamp).ok().as_deref() != Some(&src_id) {
             for part in TREE_PARTS {
                 let from = pristine.join(part);
@@ -324,6 +323,9 @@ mod ggml {
         }
         // Share ccache hits between builds in different OUT_DIRs.
         cfg.env("CCACHE_BASEDIR", out_dir()).env("CCACHE_NOHASHDIR", "1");
+        // llama.cpp's build info asks git for the commit; OUT_DIR may lie in
+        // this crate's repository, whose commit is not llama.cpp's.
+        cfg.env("GIT_CEILING_DIRECTORIES", out_dir());
         cfg.profile("Release")
             .define("BUILD_SHARED_LIBS", "ON")
             .define("GGML_BACKEND_DL", "OFF")

@@ -7,9 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use escha_ggml::cpu::{CpuLinear, Kernel};
-use escha_ggml::reference::Linear;
-use escha_ggml::testutil::Rng;
-use escha_ggml::LinearShape;
+use escha_ggml::testutil::{RandomLinear, Rng};
 use std::time::Duration;
 
 fn bench(c: &mut Criterion) {
@@ -18,12 +16,8 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for (k, ic, oc) in [(2usize, 5120usize, 17408usize), (3, 17408, 5120)] {
         let mut rng = Rng::new(1);
-        let shape = LinearShape::new("bench", k, ic, oc).unwrap();
-        let code = rng.code(shape.code_len());
-        let rin = rng.f16s(ic, 0.0, 1.0);
-        let rout = rng.f16s(oc, 0.0, 0.02);
-        let l = Linear { name: "bench", shape, code: &code, rin: &rin, rout: &rout, s_in: None, s_out: None, bias: None };
-        let lin = CpuLinear::new(&l, kernel).unwrap();
+        let problem = RandomLinear::new(1, k, ic, oc, false, false);
+        let lin = CpuLinear::new(&problem.linear(), kernel).unwrap();
         for m in [1usize, 8, 64] {
             let x = rng.f32s(m * ic, 0.0, 1.0);
             let mut xh = vec![0f32; m * ic];

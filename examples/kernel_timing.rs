@@ -5,19 +5,13 @@
 //! `cargo run --release --example kernel_timing` (ESCHA_CPU_ISA caps the path)
 
 use escha_ggml::cpu::{CpuLinear, Kernel};
-use escha_ggml::reference::Linear;
-use escha_ggml::testutil::Rng;
-use escha_ggml::LinearShape;
+use escha_ggml::testutil::{RandomLinear, Rng};
 fn main() {
     let kernel = Kernel::best();
     for (k, ic, oc) in [(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)] {
         let mut rng = Rng::new(1);
-        let shape = LinearShape::new("b", k, ic, oc).unwrap();
-        let code = rng.code(shape.code_len());
-        let rin = rng.f16s(ic, 0.0, 1.0);
-        let rout = rng.f16s(oc, 0.0, 0.02);
-        let l = Linear { name: "b", shape, code: &code, rin: &rin, rout: &rout, s_in: None, s_out: None, bias: None };
-        let lin = CpuLinear::new(&l, kernel).unwrap();
+        let problem = RandomLinear::new(1, k, ic, oc, false, false);
+        let lin = CpuLinear::new(&problem.linear(), kernel).unwrap();
         for m in [1usize, 8, 64] {
             let x = rng.f32s(m * ic, 0.0, 1.0);
             let mut xh = vec![0f32; m * ic];

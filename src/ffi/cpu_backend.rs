@@ -136,7 +136,7 @@ unsafe fn view<'a>(d: &'a EschaOpDesc) -> Result<View<'a>, i32> {
         s_out: opt(d.s_out, d.s_out_nb_e, oc)?,
         bias: opt(d.bias, d.bias_nb_e, oc)?,
     };
-    if d.rin_nb_e == 0 && e > 1 || d.rout_nb_e == 0 && e > 1 {
+    if e > 1 && (d.rin_nb_e == 0 || d.rout_nb_e == 0) {
         return Err(BAD_DESC); // rin/rout are always per expert
     }
     if d.x.is_null() || d.x_ne[0] as usize != ic || d.x_nb[0] != 4 {
