@@ -120,7 +120,7 @@ mod ggml {
             std::fs::create_dir_all(&cache).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", cache.display())));
             println!("cargo:warning=escha-ggml: fetching {SDIST_SPEC} (source distribution, ~77 MB) with pip into {}", cache.display());
             let ok = Command::new(env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", SDIST_SPEC, "-d"])
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST_SPEC, "-d"])
                 .arg(&cache)
                 .status()
                 .map(|s| s.success())
