@@ -15,6 +15,7 @@
 pub mod codec;
 pub mod cpu;
 pub mod cref;
+pub mod encode;
 pub mod error;
 pub mod ffi;
 #[cfg(feature = "ggml")]
