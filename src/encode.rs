@@ -32,6 +32,8 @@ pub struct TileEncoder {
     cost: Vec<f32>,
     next: Vec<f32>,
     best_pred: Vec<f32>,
+    back_idx: Vec<u32>,
+    avx2: bool,
     /// Per step and per `q = s >> K`: the chosen predecessor's top bits `h`.
     back: Vec<u8>,
 }
@@ -57,8 +59,18 @@ impl TileEncoder {
             cost: vec![0.0; 1 << 16],
             next: vec![0.0; 1 << 16],
             best_pred: vec![0.0; q],
+            back_idx: vec![0; q],
+            #[cfg(target_arch = "x86_64")]
+            avx2: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(not(target_arch = "x86_64"))]
+            avx2: false,
             back: vec![0; TILE_VALUES * q],
         }
+    }
+
+    /// The same encoder without the SIMD steps (the path of non-x86 targets).
+    pub fn portable(k: usize) -> Self {
+        Self { avx2: false, ..Self::new(k) }
     }
 
     pub fn k(&self) -> usize {
@@ -116,36 +128,54 @@ impl TileEncoder {
     /// One Viterbi pass; with `overlap`, start and end states are restricted
     /// so the path closes. Returns the best admissible final state.
     fn viterbi(&mut self, target: &[f32], weights: Option<&[f32]>, overlap: Option<u32>) -> (u32, f32) {
-        let k = self.k;
-        let nq = 1usize << (16 - k);
-        let nb = 1usize << k;
+        match self.k {
+            2 => self.viterbi_k::<2>(target, weights, overlap),
+            _ => self.viterbi_k::<3>(target, weights, overlap),
+        }
+    }
+
+    /// The pass for a compile-time K, written as flat loops over
+    /// fixed-width chunks so the compiler vectorises them.
+    fn viterbi_k<const K: usize>(&mut self, target: &[f32], weights: Option<&[f32]>, overlap: Option<u32>) -> (u32, f32) {
+        let nq = 1usize << (16 - K);
         let w = |t: usize| weights.map_or(1.0, |w| w[t]);
         // t = 0: only the error (and the start restriction).
         let (x0, w0) = (target[0], w(0));
         for (s, c) in self.cost.iter_mut().enumerate() {
-            let admissible = overlap.is_none_or(|o| (s >> k) as u32 == o);
+            let admissible = overlap.is_none_or(|o| (s >> K) as u32 == o);
             let d = self.cb[s] - x0;
             *c = if admissible { w0 * d * d } else { f32::INFINITY };
         }
         for t in 1..TILE_VALUES {
-            // best_pred[q] = min_h cost[(h << (16-K)) | q]
+            let (x, wt) = (target[t], w(t));
+            let back = &mut self.back[t * nq..(t + 1) * nq];
+            #[cfg(target_arch = "x86_64")]
+            if self.avx2 {
+                // SAFETY: AVX2/FMA present (checked in `new`), slice lengths fixed by K.
+                unsafe {
+                    simd::min_pass(&self.cost, nq, 1 << K, &mut self.best_pred, back);
+                    simd::err_pass::<K>(&self.cb, &self.best_pred, x, wt, &mut self.next);
+                }
+                std::mem::swap(&mut self.cost, &mut self.next);
+                continue;
+            }
+            // best_pred[q] = min_h cost[(h << (16-K)) | q], arg in back_idx.
             let (head, rest) = self.cost.split_at(nq);
             self.best_pred.copy_from_slice(head);
-            let back = &mut self.back[t * nq..(t + 1) * nq];
-            back.fill(0);
-            // Branch-free so the compiler vectorises it.
+            self.back_idx.fill(0);
             for (h, chunk) in rest.chunks_exact(nq).enumerate() {
-                let hv = (h + 1) as u8;
-                for ((m, b), &c) in self.best_pred.iter_mut().zip(back.iter_mut()).zip(chunk) {
+                let hv = (h + 1) as u32;
+                for ((m, b), &c) in self.best_pred.iter_mut().zip(self.back_idx.iter_mut()).zip(chunk) {
                     let take = c < *m;
                     *b = if take { hv } else { *b };
                     *m = if take { c } else { *m };
                 }
             }
+            for (d, &b) in back.iter_mut().zip(&self.back_idx) {
+                *d = b as u8;
+            }
             // next[(q << K) | b] = best_pred[q] + w (cb - x)^2
-            let (x, wt) = (target[t], w(t));
-            for (q, (row, &m)) in self.next.chunks_exact_mut(nb).zip(&self.best_pred).enumerate() {
-                let cb = &self.cb[q * nb..(q + 1) * nb];
+            for ((row, cb), &m) in self.next.chunks_exact_mut(1 << K).zip(self.cb.chunks_exact(1 << K)).zip(&self.best_pred) {
                 for (o, &v) in row.iter_mut().zip(cb) {
                     let d = v - x;
                     *o = m + wt * d * d;
@@ -153,7 +183,7 @@ impl TileEncoder {
             }
             std::mem::swap(&mut self.cost, &mut self.next);
         }
-        let low_mask = (1u32 << (16 - k)) - 1;
+        let low_mask = (1u32 << (16 - K)) - 1;
         let mut best = (u32::MAX, f32::INFINITY);
         for (s, &c) in self.cost.iter().enumerate() {
             let admissible = overlap.is_none_or(|o| s as u32 & low_mask == o);
@@ -196,4 +226,55 @@ pub fn pack(states: &[u16], k: usize) -> Vec<i16> {
         }
     }
     w32.iter().flat_map(|&w| [w as u16 as i16, (w >> 16) as u16 as i16]).collect()
+}
+
+/// AVX2 versions of the two steps of a Viterbi stage. They follow the
+/// portable loops (a strict `<` keeps the first minimum) except that FMA
+/// fuses `w*d*d + m`: path costs only steer the search, so this can change
+/// which of two near-equal paths wins, never the validity of the code.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use core::arch::x86_64::*;
+
+    /// `best[q] = min_h cost[h*nq + q]`, `back[q]` = the first minimising h.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn min_pass(cost: &[f32], nq: usize, nb: usize, best: &mut [f32], back: &mut [u8]) {
+        assert!(cost.len() >= nb * nq && best.len() >= nq && back.len() >= nq && nq % 8 == 0);
+        let c = cost.as_ptr();
+        // Low byte of each 32-bit lane to the lane's first four bytes.
+        let pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+        for q in (0..nq).step_by(8) {
+            let mut m = _mm256_loadu_ps(c.add(q));
+            let mut idx = _mm256_setzero_si256();
+            for h in 1..nb {
+                let v = _mm256_loadu_ps(c.add(h * nq + q));
+                let lt = _mm256_cmp_ps::<_CMP_LT_OQ>(v, m);
+                m = _mm256_blendv_ps(m, v, lt);
+                idx = _mm256_blendv_epi8(idx, _mm256_set1_epi32(h as i32), _mm256_castps_si256(lt));
+            }
+            _mm256_storeu_ps(best.as_mut_ptr().add(q), m);
+            let b = _mm256_shuffle_epi8(idx, pick);
+            let lo = _mm256_extract_epi32::<0>(b) as u32;
+            let hi = _mm256_extract_epi32::<4>(b) as u32;
+            std::ptr::write_unaligned(back.as_mut_ptr().add(q) as *mut u64, (lo as u64) | ((hi as u64) << 32));
+        }
+    }
+
+    /// `next[(q << K) | b] = best[q] + w (cb[(q << K) | b] - x)^2`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn err_pass<const K: usize>(cb: &[f32], best: &[f32], x: f32, w: f32, next: &mut [f32]) {
+        let n = 1usize << 16;
+        assert!(cb.len() >= n && next.len() >= n && best.len() >= n >> K);
+        let (xv, wv) = (_mm256_set1_ps(x), _mm256_set1_ps(w));
+        for s in (0..n).step_by(8) {
+            let q = s >> K;
+            let m = if K == 3 {
+                _mm256_set1_ps(*best.get_unchecked(q))
+            } else {
+                _mm256_set_m128(_mm_set1_ps(*best.get_unchecked(q + 1)), _mm_set1_ps(*best.get_unchecked(q)))
+            };
+            let d = _mm256_sub_ps(_mm256_loadu_ps(cb.as_ptr().add(s)), xv);
+            _mm256_storeu_ps(next.as_mut_ptr().add(s), _mm256_fmadd_ps(_mm256_mul_ps(wv, d), d, m));
+        }
+    }
 }
