@@ -239,7 +239,7 @@ mod simd {
     /// `best[q] = min_h cost[h*nq + q]`, `back[q]` = the first minimising h.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn min_pass(cost: &[f32], nq: usize, nb: usize, best: &mut [f32], back: &mut [u8]) {
-        assert!(cost.len() >= nb * nq && best.len() >= nq && back.len() >= nq && nq % 8 == 0);
+        assert!(cost.len() >= nb * nq && best.len() >= nq && back.len() >= nq && nq.is_multiple_of(8));
         let c = cost.as_ptr();
         // Low byte of each 32-bit lane to the lane's first four bytes.
         let pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
