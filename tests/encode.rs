@@ -106,3 +106,54 @@ fn importance_weights_steer_the_error() {
     assert!(objective(&weighted.states) < objective(&plain.states));
     assert!((objective(&weighted.states) - weighted.error).abs() < 1e-3 * weighted.error);
 }
+
+/// A weight with uneven row and column scales, like a trained projection.
+fn uneven_weight(rng: &mut Rng, oc: usize, ic: usize) -> Vec<f32> {
+    let rs: Vec<f32> = (0..oc).map(|_| 0.02 * (1.0 + 0.8 * rng.uniform())).collect();
+    let cs: Vec<f32> = (0..ic).map(|_| 1.0 + 0.8 * rng.uniform()).collect();
+    (0..oc * ic).map(|j| rs[j / ic] * cs[j % ic] * rng.normal()).collect()
+}
+
+#[test]
+fn layer_encoder_reproduces_the_weight_through_the_contract() {
+    use escha_ggml::encode::encode_layer;
+    use escha_ggml::reference::{self, Linear};
+    let mut rng = Rng::new(11);
+    let (oc, ic) = (256, 384);
+    let w = uneven_weight(&mut rng, oc, ic);
+    for (k, bound) in [(2usize, 0.30), (3, 0.16)] {
+        let e = encode_layer("blk.0.attn_q", &w, ic, oc, k, 2, 5).unwrap();
+        eprintln!("K={k}: relative error of the effective weight {:.4}", e.rel_error);
+        // sqrt of the tile MSE (0.068 / 0.0174) plus scale rounding.
+        assert!(e.rel_error < bound, "K={k}: {}", e.rel_error);
+        // The contract forward on random inputs matches W x to that error.
+        let lin = Linear { name: "q", shape: e.shape, code: &e.code, rin: &e.rin, rout: &e.rout, s_in: None, s_out: None, bias: None };
+        let m = 8;
+        let x: Vec<f32> = (0..m * ic).map(|_| rng.normal()).collect();
+        let y = reference::linear(&lin, &x, m).unwrap();
+        let (mut num, mut den) = (0f64, 0f64);
+        for r in 0..m {
+            for c in 0..oc {
+                let want: f64 = (0..ic).map(|i| w[c * ic + i] as f64 * x[r * ic + i] as f64).sum();
+                num += (y[r * oc + c].to_f64() - want).powi(2);
+                den += want * want;
+            }
+        }
+        let rel = (num / den).sqrt();
+        eprintln!("K={k}: relative error of y = W x through the contract {rel:.4}");
+        assert!(rel < 1.25 * e.rel_error + 0.01, "K={k}: forward error {rel} vs weight error {}", e.rel_error);
+    }
+}
+
+#[test]
+fn layer_encoder_rejects_bad_input() {
+    use escha_ggml::encode::encode_layer;
+    use escha_ggml::EschaError;
+    let w = vec![0.1f32; 128 * 200];
+    assert!(matches!(encode_layer("t", &w, 200, 128, 2, 1, 0), Err(EschaError::NotMultipleOf128 { .. })));
+    let mut w = vec![0.1f32; 128 * 128];
+    w[77] = f32::NAN;
+    assert!(matches!(encode_layer("t", &w, 128, 128, 2, 1, 0), Err(EschaError::NonFinite { index: 77, .. })));
+    assert!(matches!(encode_layer("t", &w[..100], 128, 128, 2, 1, 0), Err(EschaError::BadLength { .. })));
+    assert!(matches!(encode_layer("t", &vec![0.1; 128 * 128], 128, 128, 4, 1, 0), Err(EschaError::BadK { .. })));
+}

@@ -1,0 +1,150 @@
+//! The layer encoder: a weight `W [OC, IC]` (row c = output channel c, as
+//! ggml stores a projection) to an Escha-W2 coded linear.
+//!
+//! The contract's effective weight is
+//! `W_eff = RS^2 * diag(rout) * H * W_bare^T * H * diag(rin)` (H the
+//! block-diagonal 128-point Hadamard), so for chosen `rin`, `rout` the tiles
+//! must approximate `W_bare^T = RS^2 * H * (W / rout / rin) * H`. `RS*H` is
+//! orthonormal, so each 128x128 block of that matrix has the root mean
+//! square of the scaled weight block: the scales are chosen so it matches
+//! the codebook's spread, with random signs (seeded) to make the rotated
+//! values incoherent.
+
+use super::tile::TileEncoder;
+use crate::codec::{reconstruct, tile_position, TILE, TILE_VALUES};
+use crate::hadamard::{h128, RS};
+use crate::testutil::Rng;
+use crate::validate::LinearShape;
+use half::f16;
+
+/// RMS the rotated weights are scaled to (the codebook's is about 1.244;
+/// slightly less trades clipping of the tails for resolution).
+pub const TARGET_RMS: f32 = 1.2;
+
+/// One encoded projection.
+#[derive(Clone, Debug)]
+pub struct EncodedLayer {
+    pub shape: LinearShape,
+    /// `[IC/16, OC/16, 16K]`.
+    pub code: Vec<i16>,
+    pub rin: Vec<f16>,
+    pub rout: Vec<f16>,
+    /// `||W_eff - W||_F / ||W||_F` of the decoded effective weight.
+    pub rel_error: f64,
+}
+
+fn rms(v: impl Iterator<Item = f32>) -> f32 {
+    let (mut s, mut n) = (0f64, 0usize);
+    for x in v {
+        s += (x as f64) * (x as f64);
+        n += 1;
+    }
+    ((s / n.max(1) as f64).sqrt()) as f32
+}
+
+/// Per-channel scales with random signs, rounded to f16 (as stored).
+fn signed_scales(mags: &[f32], rng: &mut Rng) -> Vec<f16> {
+    mags.iter()
+        .map(|&m| {
+            let m = if m.is_finite() && m > 0.0 { m } else { 1.0 };
+            f16::from_f32(if rng.next_u32() & 1 == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// The tile targets: `W_bare [IC, OC]` = transpose of `RS^2 H (W/rout/rin) H`.
+fn rotated(w: &[f32], ic: usize, oc: usize, rin: &[f16], rout: &[f16]) -> Vec<f32> {
+    // Scaled weight, rows = outputs; H on the input side (within each row).
+    let mut m: Vec<f32> = Vec::with_capacity(oc * ic);
+    for c in 0..oc {
+        let ro = rout[c].to_f32();
+        for i in 0..ic {
+            m.push(w[c * ic + i] / (ro * rin[i].to_f32()));
+        }
+    }
+    for row in m.chunks_exact_mut(ic) {
+        h128(row);
+    }
+    // H on the output side: transpose to [IC, OC] and transform each row.
+    let mut wb = vec![0f32; ic * oc];
+    for c in 0..oc {
+        for i in 0..ic {
+            wb[i * oc + c] = m[c * ic + i];
+        }
+    }
+    for row in wb.chunks_exact_mut(oc) {
+        h128(row);
+        for v in row.iter_mut() {
+            *v *= RS * RS;
+        }
+    }
+    wb
+}
+
+/// The effective weight `[OC, IC]` of a coded linear (f32 arithmetic).
+pub fn effective_weight(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f16]) -> Vec<f32> {
+    let (ic, oc) = (shape.ic, shape.oc);
+    let wb = reconstruct(code, shape);
+    // rows of W_bare [IC, OC]: H over outputs, then transpose, H over inputs.
+    let mut t = vec![0f32; ic * oc];
+    for i in 0..ic {
+        let mut row: Vec<f32> = wb[i * oc..(i + 1) * oc].iter().map(|v| v.to_f32()).collect();
+        h128(&mut row);
+        for c in 0..oc {
+            t[c * ic + i] = row[c];
+        }
+    }
+    for (c, row) in t.chunks_exact_mut(ic).enumerate() {
+        h128(row);
+        let ro = rout[c].to_f32();
+        for (i, v) in row.iter_mut().enumerate() {
+            *v *= RS * RS * ro * rin[i].to_f32();
+        }
+    }
+    t
+}
+
+/// Encodes `w [OC, IC]` (both multiples of 128) with K bits per weight on
+/// `threads` threads; `seed` fixes the random signs.
+pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, k: usize, threads: usize, seed: u64) -> crate::Result<EncodedLayer> {
+    let shape = LinearShape::new(name, k, ic, oc)?;
+    crate::validate::check_len(name, "weight", w.len(), ic * oc)?;
+    crate::validate::check_finite(name, "weight", w.iter().copied())?;
+    let mut rng = Rng::new(seed);
+    // Input scales: square root of each column's RMS (balances the columns
+    // half-way, as activation outliers are not known here); output scales:
+    // each row's RMS after that, divided by the target spread.
+    let col: Vec<f32> = (0..ic).map(|i| rms((0..oc).map(|c| w[c * ic + i])).sqrt()).collect();
+    let rin = signed_scales(&col, &mut rng);
+    let row: Vec<f32> = (0..oc).map(|c| rms((0..ic).map(|i| w[c * ic + i] / rin[i].to_f32().abs())) / TARGET_RMS).collect();
+    let rout = signed_scales(&row, &mut rng);
+    let wb = rotated(w, ic, oc, &rin, &rout);
+
+    let (ktn, ntn) = shape.tiles();
+    let tw = 16 * k;
+    let mut code = vec![0i16; shape.code_len()];
+    let n_tiles = ktn * ntn;
+    let threads = threads.max(1).min(n_tiles);
+    std::thread::scope(|s| {
+        for (ci, chunk) in code.chunks_mut(n_tiles.div_ceil(threads) * tw).enumerate() {
+            let wb = &wb;
+            s.spawn(move || {
+                let mut enc = TileEncoder::new(k);
+                let mut target = [0f32; TILE_VALUES];
+                let first = ci * n_tiles.div_ceil(threads);
+                for (j, out) in chunk.chunks_mut(tw).enumerate() {
+                    let (kt, nt) = ((first + j) / ntn, (first + j) % ntn);
+                    for (t, v) in target.iter_mut().enumerate() {
+                        let (r, c) = tile_position(t);
+                        *v = wb[(kt * TILE + r) * oc + nt * TILE + c];
+                    }
+                    out.copy_from_slice(&enc.encode(&target, None).code);
+                }
+            });
+        }
+    });
+    let weff = effective_weight(&code, shape, &rin, &rout);
+    let num: f64 = weff.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let den: f64 = w.iter().map(|&b| (b as f64).powi(2)).sum();
+    Ok(EncodedLayer { shape, code, rin, rout, rel_error: (num / den.max(f64::MIN_POSITIVE)).sqrt() })
+}
