@@ -9,8 +9,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, identity, state_window, GroupWindow, EXT_WORDS};
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::tables::{group_windows, identity, state_window, GroupWindow, EXT_WORDS};
+use super::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
 
@@ -77,13 +77,6 @@ unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
     ]
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
-    let off = job.tile_offset(kt, nt);
-    fill_ext(&job.code[off..off + 16 * K], K, ext);
-}
-
 /// Decodes one tile and accumulates it against one row's input vectors.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -119,27 +112,16 @@ unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
     }
 }
 
-/// Tile rows fetched ahead of use in the GEMV.
-const PREFETCH_ROWS: usize = 4;
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut acc = [[_mm256_setzero_ps(); 8]; BLOCK_TILES];
     let mut ext = [0u32; EXT_WORDS];
-    // Successive tile rows of a block are a whole code row apart: prefetch
-    // a few rows ahead, the hardware does not follow such strides.
-    let row_bytes = BLOCK_TILES * 32 * K;
     for kt in 0..job.kt_n() {
-        if kt + PREFETCH_ROWS < job.kt_n() {
-            let p = job.code.as_ptr().add(job.tile_offset(kt + PREFETCH_ROWS, job.block * BLOCK_TILES)) as *const i8;
-            for off in (0..row_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
-            }
-        }
+        job.prefetch_tile_row(kt + PREFETCH_ROWS);
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
             tile_fma::<K>(&ext, tabs, &xv, a);
         }
     }
@@ -172,7 +154,7 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let out = &mut out[..256];
     let mut ext = [0u32; EXT_WORDS];
-    load_ext::<K>(job, kt, nt, &mut ext);
+    job.load_ext(kt, nt, &mut ext);
     let mut w = [[_mm256_setzero_si256(); 2]; 4];
     for (g, wg) in w.iter_mut().enumerate() {
         let w0 = window(&ext, &tabs[0][g]);

@@ -8,8 +8,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::tables::{group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::x86_64::*;
 
@@ -70,13 +70,6 @@ unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
-    let off = job.tile_offset(kt, nt);
-    fill_ext(&job.code[off..off + 16 * K], K, ext);
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
 unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, g: usize) -> [__m512i; 2] {
     let w0 = window(ext, &tabs[0][g]);
     [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }]
@@ -110,24 +103,16 @@ unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
     }
 }
 
-const PREFETCH_ROWS: usize = 4;
-
 #[target_feature(enable = "avx512f")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut acc = [[_mm512_setzero_ps(); 4]; BLOCK_TILES];
     let mut ext = [0u32; EXT_WORDS];
-    let row_bytes = BLOCK_TILES * 32 * K;
     for kt in 0..job.kt_n() {
-        if kt + PREFETCH_ROWS < job.kt_n() {
-            let p = job.code.as_ptr().add(job.tile_offset(kt + PREFETCH_ROWS, job.block * BLOCK_TILES)) as *const i8;
-            for off in (0..row_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
-            }
-        }
+        job.prefetch_tile_row(kt + PREFETCH_ROWS);
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
             tile_fma::<K>(&ext, tabs, &xv, a);
         }
     }
@@ -154,7 +139,7 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut ext = [0u32; EXT_WORDS];
     let mut lanes = [0f32; 256];
-    load_ext::<K>(job, kt, nt, &mut ext);
+    job.load_ext(kt, nt, &mut ext);
     for g in 0..2 {
         let w = group_windows_of::<K>(&ext, tabs, g);
         for j in 0..8 {

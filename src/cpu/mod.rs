@@ -41,6 +41,10 @@ use crate::reference::{input_transform, output_transform};
 
 use std::ops::Range;
 
+/// Tile rows the GEMVs prefetch ahead of use.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH_ROWS: usize = 4;
+
 /// Output columns per work unit (one Hadamard block = 8 tiles).
 pub const BLOCK_COLS: usize = HBLOCK;
 /// Tiles per output block.
@@ -164,6 +168,30 @@ impl BlockJob<'_> {
     pub fn xh_tile(&self, row: usize, kt: usize) -> &[f32] {
         &self.xh[xh_index(self.n_xrows, row, kt)..][..TILE]
     }
+    /// Tile `(kt, nt)`'s words into the kernels' extended buffer.
+    #[inline(always)]
+    pub fn load_ext(&self, kt: usize, nt: usize, ext: &mut [u32; tables::EXT_WORDS]) {
+        let off = self.tile_offset(kt, nt);
+        tables::fill_ext(&self.code[off..off + 16 * self.k], self.k, ext);
+    }
+
+    /// Starts fetching tile row `kt` of this job's block. Successive tile
+    /// rows of a block are a whole code row apart, a stride the hardware
+    /// prefetchers do not follow, so the GEMVs ask a few rows ahead.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub fn prefetch_tile_row(&self, kt: usize) {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        if kt >= self.kt_n() {
+            return;
+        }
+        let row = &self.code[self.tile_offset(kt, self.block * BLOCK_TILES)..][..BLOCK_TILES * 16 * self.k];
+        for line in row.chunks(32) {
+            // SAFETY: prefetch of an address inside the slice; SSE is baseline on x86_64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
+        }
+    }
+
     /// int16 offset of tile `(kt, nt)`.
     #[inline]
     pub fn tile_offset(&self, kt: usize, nt: usize) -> usize {

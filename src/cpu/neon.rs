@@ -11,7 +11,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
-use super::tables::{fill_ext, group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
 use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
 use core::arch::aarch64::*;
@@ -127,12 +127,6 @@ unsafe fn xvecs(x: *const f32) -> [float32x4_t; 4] {
     [lo.0, lo.1, hi.0, hi.1]
 }
 
-#[inline(always)]
-unsafe fn load_ext<const K: usize>(job: &BlockJob, kt: usize, nt: usize, ext: &mut [u32; EXT_WORDS]) {
-    let off = job.tile_offset(kt, nt);
-    fill_ext(&job.code[off..off + 16 * K], K, ext);
-}
-
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     // acc[tile][column]
     let mut acc = [[vdupq_n_f32(0.0); TILE]; BLOCK_TILES];
@@ -140,7 +134,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     for kt in 0..job.kt_n() {
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            load_ext::<K>(job, kt, job.block * BLOCK_TILES + tl, &mut ext);
+            job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
             for g in 0..8 {
                 let w = group_windows_of::<K>(&ext, g);
                 for j in 0..8 {
@@ -163,7 +157,7 @@ impl TileOps for Neon {
     unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
         let mut ext = [0u32; EXT_WORDS];
         let mut lanes = [0f32; 256];
-        load_ext::<K>(job, kt, nt, &mut ext);
+        job.load_ext(kt, nt, &mut ext);
         for g in 0..8 {
             let w = group_windows_of::<K>(&ext, g);
             for j in 0..8 {

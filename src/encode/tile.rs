@@ -33,6 +33,7 @@ pub struct TileEncoder {
     next: Vec<f32>,
     best_pred: Vec<f32>,
     back_idx: Vec<u32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx2: bool,
     /// Per step and per `q = s >> K`: the chosen predecessor's top bits `h`.
     back: Vec<u8>,
