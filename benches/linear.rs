@@ -26,9 +26,7 @@ fn bench(c: &mut Criterion) {
             g.throughput(Throughput::Elements((ic * oc * m) as u64));
             g.bench_with_input(BenchmarkId::new(format!("{ic}x{oc}_k{k}"), format!("m{m}")), &m, |b, &m| {
                 b.iter(|| {
-                    lin.transform_input(&x, m, &mut xh, 0, 1);
-                    // SAFETY: single writer, y holds m*OC floats.
-                    unsafe { lin.compute_shared(&xh, m, y.as_mut_ptr(), 0, 1, &mut scratch) };
+                    lin.forward_into(&x, m, &mut xh, &mut y, &mut scratch);
                 })
             });
         }

@@ -22,8 +22,7 @@ fn main() {
             for _ in 0..3 {
                 let t = std::time::Instant::now();
                 for _ in 0..iters {
-                    lin.transform_input(&x, m, &mut xh, 0, 1);
-                    unsafe { lin.compute_shared(&xh, m, y.as_mut_ptr(), 0, 1, &mut scratch) };
+                    lin.forward_into(&x, m, &mut xh, &mut y, &mut scratch);
                 }
                 best = best.min(t.elapsed().as_secs_f64() / iters as f64);
             }

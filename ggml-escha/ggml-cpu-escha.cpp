@@ -71,15 +71,17 @@ static escha_op_desc escha_desc(const ggml_tensor * dst) {
     return d;
 }
 
-static int64_t escha_n_slots(const ggml_tensor * dst) {
-    return escha_is_moe(dst) ? dst->src[2]->ne[0] * dst->src[2]->ne[1] : ggml_nrows(dst->src[1]);
+// Slots of a call: x rows for ESCHA_LINEAR, (token, used expert) pairs for
+// ESCHA_MOE. Decided by the ids shape, not its data pointer, which is not
+// yet set when the graph is planned.
+static int64_t escha_n_slots(const escha_op_desc & d) {
+    return d.ids_ne[0] > 0 ? d.ids_ne[0] * d.ids_ne[1] : d.x_ne[1] * d.x_ne[2] * d.x_ne[3];
 }
-
 // The C reference, one slot at a time, slots split over threads.
 static void escha_forward_ref(const escha_op_desc & d, int ith, int nth) {
     const int64_t ic = d.ic, oc = d.oc;
     const bool moe = d.ids != nullptr;
-    const int64_t n_slots = moe ? d.ids_ne[0] * d.ids_ne[1] : d.x_ne[1] * d.x_ne[2] * d.x_ne[3];
+    const int64_t n_slots = escha_n_slots(d);
     const int64_t per = (n_slots + nth - 1) / nth;
     std::vector<uint16_t> y(oc);
     for (int64_t s = ith * per; s < std::min(n_slots, (ith + 1) * per); s++) {
@@ -138,8 +140,8 @@ extern "C" size_t ggml_escha_cpu_work_size(const ggml_tensor * node, int n_tasks
     if (!escha_have_rust) {
         return 0;
     }
-    const ggml_tensor * code = node->src[0];
-    return escha_rs_work_size(code->ne[2] * 16, code->ne[1] * 16, escha_n_slots(node), n_tasks);
+    const escha_op_desc d = escha_desc(node);
+    return escha_rs_work_size(d.ic, d.oc, escha_n_slots(d), n_tasks);
 }
 
 extern "C" bool ggml_escha_cpu_supports_op(const ggml_tensor * op) {

@@ -228,6 +228,27 @@ impl<'b> Graph<'b> {
         Ok(t.ptr)
     }
 
+    /// Checks rin/rout (and the optional vectors) of a linear with `ic`
+    /// inputs and `oc` outputs, per expert when `e` is given; returns the
+    /// raw pointers in source order (rin, rout, s_in, s_out, bias).
+    #[allow(clippy::too_many_arguments)]
+    fn sidecars(
+        &self,
+        ic: i64,
+        oc: i64,
+        e: Option<i64>,
+        rin: Tensor,
+        rout: Tensor,
+        s_in: Option<Tensor>,
+        s_out: Option<Tensor>,
+        bias: Option<Tensor>,
+    ) -> Result<[*mut sys::ggml_tensor; 5]> {
+        let dims = |n: i64| -> Vec<i64> { std::iter::once(n).chain(e).collect() };
+        self.expect(&rin, "rin", sys::ggml_type::GGML_TYPE_F16, &dims(ic))?;
+        self.expect(&rout, "rout", sys::ggml_type::GGML_TYPE_F16, &dims(oc))?;
+        Ok([rin.ptr, rout.ptr, self.opt_vec(s_in, "s_in", ic, e)?, self.opt_vec(s_out, "s_out", oc, e)?, self.opt_vec(bias, "bias", oc, e)?])
+    }
+
     /// `GGML_OP_ESCHA_LINEAR`: code `[16K, OC/16, IC/16]` I16, x `[IC, ...]`
     /// F32, rin `[IC]` / rout `[OC]` F16, optional s_in/s_out/bias F32.
     #[allow(clippy::too_many_arguments)]
@@ -246,10 +267,8 @@ impl<'b> Graph<'b> {
         if x.ty() != sys::ggml_type::GGML_TYPE_F32 || xn[0] != ic {
             return Err(GgmlError::Shape { name: x.name(), detail: format!("x must be F32 [{ic}, ...], got {:?} {xn:?}", x.ty()) });
         }
-        self.expect(&rin, "rin", sys::ggml_type::GGML_TYPE_F16, &[ic])?;
-        self.expect(&rout, "rout", sys::ggml_type::GGML_TYPE_F16, &[oc])?;
-        let (si, so, b) = (self.opt_vec(s_in, "s_in", ic, None)?, self.opt_vec(s_out, "s_out", oc, None)?, self.opt_vec(bias, "bias", oc, None)?);
-        let t = unsafe { sys::ggml_escha_linear(self.ctx, code.ptr, x.ptr, rin.ptr, rout.ptr, si, so, b) };
+        let [ri, ro, si, so, b] = self.sidecars(ic, oc, None, rin, rout, s_in, s_out, bias)?;
+        let t = unsafe { sys::ggml_escha_linear(self.ctx, code.ptr, x.ptr, ri, ro, si, so, b) };
         Ok(Tensor { ptr: t, _graph: PhantomData })
     }
 
@@ -279,10 +298,8 @@ impl<'b> Graph<'b> {
                 detail: format!("x must be F32 [{ic}, 1 or n_used={}, T={}], got {:?} {xn:?}", idn[0], idn[1], x.ty()),
             });
         }
-        self.expect(&rin, "rin", sys::ggml_type::GGML_TYPE_F16, &[ic, e])?;
-        self.expect(&rout, "rout", sys::ggml_type::GGML_TYPE_F16, &[oc, e])?;
-        let (si, so, b) = (self.opt_vec(s_in, "s_in", ic, Some(e))?, self.opt_vec(s_out, "s_out", oc, Some(e))?, self.opt_vec(bias, "bias", oc, Some(e))?);
-        let t = unsafe { sys::ggml_escha_moe(self.ctx, code.ptr, x.ptr, ids.ptr, rin.ptr, rout.ptr, si, so, b) };
+        let [ri, ro, si, so, b] = self.sidecars(ic, oc, Some(e), rin, rout, s_in, s_out, bias)?;
+        let t = unsafe { sys::ggml_escha_moe(self.ctx, code.ptr, x.ptr, ids.ptr, ri, ro, si, so, b) };
         Ok(Tensor { ptr: t, _graph: PhantomData })
     }
 

@@ -20,9 +20,16 @@ pub fn fold_scales(rin: &[f16], rout: &[f16], s_in: Option<&[f32]>, s_out: Optio
 
 /// One side of [`fold_scales`].
 pub fn fold(r: &[f16], s: Option<&[f32]>) -> Vec<f32> {
+    let mut out = vec![0f32; r.len()];
+    fold_into(r, s, &mut out);
+    out
+}
+
+/// [`fold`] into a caller's buffer (`out.len() == r.len()`).
+pub fn fold_into(r: &[f16], s: Option<&[f32]>, out: &mut [f32]) {
     match s {
-        Some(s) => r.iter().zip(s).map(|(r, s)| r.to_f32() * s).collect(),
-        None => r.iter().map(|r| r.to_f32()).collect(),
+        Some(s) => out.iter_mut().zip(r.iter().zip(s)).for_each(|(o, (r, s))| *o = r.to_f32() * s),
+        None => out.iter_mut().zip(r).for_each(|(o, r)| *o = r.to_f32()),
     }
 }
 

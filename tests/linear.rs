@@ -198,19 +198,7 @@ fn forward_f64(p: &Problem, x: &[f32], in_scale_first: bool, out_scale_last: boo
     let (ic, oc) = (p.shape.ic, p.shape.oc);
     let w = escha_ggml::codec::reconstruct(&p.code, p.shape);
     let (ri, ro) = p.linear().folded();
-    let h = |v: &mut [f64]| {
-        for blk in v.chunks_exact_mut(128) {
-            let mut s = 1;
-            while s < 128 {
-                for i in (0..128).filter(|i| i & s == 0) {
-                    let (a, b) = (blk[i], blk[i + s]);
-                    blk[i] = a + b;
-                    blk[i + s] = a - b;
-                }
-                s *= 2;
-            }
-        }
-    };
+    let h = h128_f64;
     let rs = escha_ggml::hadamard::RS as f64;
     let mut xh: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     if in_scale_first {

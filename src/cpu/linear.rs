@@ -55,6 +55,16 @@ impl<'a> CpuLinear<'a> {
         Ok(self.engine.forward_slots(&self.slots(x, m)))
     }
 
+    /// Whole forward on the calling thread into caller-owned buffers (no
+    /// allocation of activations): `xh [m * IC]`, `y [m * OC]` and
+    /// `scratch` of [`Self::scratch_floats`]`(m)`.
+    pub fn forward_into(&self, x: &[f32], m: usize, xh: &mut [f32], y: &mut [f32], scratch: &mut [f32]) {
+        assert!(y.len() >= m * self.shape.oc, "{}: y shorter than {m} rows", self.name);
+        self.transform_input(x, m, xh, 0, 1);
+        // SAFETY: y holds m*OC floats and is exclusively borrowed.
+        unsafe { self.compute_shared(xh, m, y.as_mut_ptr(), 0, 1, scratch) };
+    }
+
     /// Phase 1 on the calling thread, share `ith` of `nth` of the rows:
     /// `xh [m * IC]` in the kernels' tile-row-major layout.
     pub fn transform_input(&self, x: &[f32], m: usize, xh: &mut [f32], ith: usize, nth: usize) {

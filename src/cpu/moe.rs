@@ -9,9 +9,8 @@
 
 use super::{input_transform_row, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
 use crate::error::Result;
-use crate::reference::{Moe, Routing};
+use crate::reference::{fold_into, Moe, Routing};
 use crate::validate::{check_len, MoeShape};
-use half::f16;
 
 /// A validated expert-stacked linear, ready to run.
 pub struct CpuMoe<'a> {
@@ -85,14 +84,6 @@ impl ExpertGroups {
     /// Most slots any one expert has (sizes the scratch).
     pub fn max_rows(&self) -> usize {
         self.start.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
-    }
-}
-
-/// `r * s` per channel into `out` (the scale fold, in f32).
-fn fold_into(r: &[f16], s: Option<&[f32]>, out: &mut [f32]) {
-    match s {
-        Some(s) => out.iter_mut().zip(r.iter().zip(s)).for_each(|(o, (r, s))| *o = r.to_f32() * s),
-        None => out.iter_mut().zip(r).for_each(|(o, r)| *o = r.to_f32()),
     }
 }
 

@@ -9,6 +9,21 @@ use half::f16;
 #[allow(unused_imports)]
 pub use escha_ggml::testutil::RandomLinear as Problem;
 
+/// The unnormalised 128-point Hadamard on each 128-block, in f64.
+pub fn h128_f64(v: &mut [f64]) {
+    for blk in v.chunks_exact_mut(128) {
+        let mut h = 1;
+        while h < 128 {
+            for i in (0..128).filter(|i| i & h == 0) {
+                let (a, b) = (blk[i], blk[i + h]);
+                blk[i] = a + b;
+                blk[i + h] = a - b;
+            }
+            h *= 2;
+        }
+    }
+}
+
 /// f16 unit in the last place at magnitude |v|.
 pub fn ulp16(v: f64) -> f64 {
     let v = v.abs().max(6.103515625e-05); // normal range floor
@@ -45,15 +60,7 @@ pub fn order_bound(l: &Linear, x: &[f32], m: usize) -> Vec<f64> {
             let dmid: f64 = cols.clone().map(|c| 2.0 * (ic as f64 - 1.0) * u * s[c]).sum();
             let absmid: f64 = cols.clone().map(|c| mid[c].abs()).sum();
             let mut hm: Vec<f64> = cols.clone().map(|c| mid[c]).collect();
-            let mut h = 1;
-            while h < 128 {
-                for i in (0..128).filter(|i| i & h == 0) {
-                    let (a, b) = (hm[i], hm[i + h]);
-                    hm[i] = a + b;
-                    hm[i + h] = a - b;
-                }
-                h *= 2;
-            }
+            h128_f64(&mut hm);
             for c in cols {
                 let v = rs * (rout_eff[c] as f64 * hm[c % 128]).abs();
                 let d = rs * (rout_eff[c] as f64).abs() * (dmid + 14.0 * u * absmid) * (1.0 + 4.0 * u) + 4.0 * u * v;
