@@ -20,6 +20,10 @@ pub mod error;
 pub mod ffi;
 #[cfg(feature = "ggml")]
 pub mod ggml;
+#[cfg(feature = "ggml")]
+pub mod gguf;
+#[cfg(feature = "ggml")]
+pub mod quantize;
 pub mod hadamard;
 pub mod rawio;
 pub mod reference;

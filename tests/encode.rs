@@ -107,6 +107,10 @@ fn importance_weights_steer_the_error() {
     assert!((objective(&weighted.states) - weighted.error).abs() < 1e-3 * weighted.error);
 }
 
+fn opts(k: usize, threads: usize, seed: u64) -> escha_ggml::encode::LayerOptions<'static> {
+    escha_ggml::encode::LayerOptions { threads, seed, ..escha_ggml::encode::LayerOptions::new(k) }
+}
+
 /// A weight with uneven row and column scales, like a trained projection.
 fn uneven_weight(rng: &mut Rng, oc: usize, ic: usize) -> Vec<f32> {
     let rs: Vec<f32> = (0..oc).map(|_| 0.02 * (1.0 + 0.8 * rng.uniform())).collect();
@@ -122,7 +126,7 @@ fn layer_encoder_reproduces_the_weight_through_the_contract() {
     let (oc, ic) = (256, 384);
     let w = uneven_weight(&mut rng, oc, ic);
     for (k, bound) in [(2usize, 0.30), (3, 0.16)] {
-        let e = encode_layer("blk.0.attn_q", &w, ic, oc, k, 2, 5).unwrap();
+        let e = encode_layer("blk.0.attn_q", &w, ic, oc, &opts(k, 2, 5)).unwrap();
         eprintln!("K={k}: relative error of the effective weight {:.4}", e.rel_error);
         // sqrt of the tile MSE (0.068 / 0.0174) plus scale rounding.
         assert!(e.rel_error < bound, "K={k}: {}", e.rel_error);
@@ -150,10 +154,45 @@ fn layer_encoder_rejects_bad_input() {
     use escha_ggml::encode::encode_layer;
     use escha_ggml::EschaError;
     let w = vec![0.1f32; 128 * 200];
-    assert!(matches!(encode_layer("t", &w, 200, 128, 2, 1, 0), Err(EschaError::NotMultipleOf128 { .. })));
+    assert!(matches!(encode_layer("t", &w, 200, 128, &opts(2, 1, 0)), Err(EschaError::NotMultipleOf128 { .. })));
     let mut w = vec![0.1f32; 128 * 128];
     w[77] = f32::NAN;
-    assert!(matches!(encode_layer("t", &w, 128, 128, 2, 1, 0), Err(EschaError::NonFinite { index: 77, .. })));
-    assert!(matches!(encode_layer("t", &w[..100], 128, 128, 2, 1, 0), Err(EschaError::BadLength { .. })));
-    assert!(matches!(encode_layer("t", &vec![0.1; 128 * 128], 128, 128, 4, 1, 0), Err(EschaError::BadK { .. })));
+    assert!(matches!(encode_layer("t", &w, 128, 128, &opts(2, 1, 0)), Err(EschaError::NonFinite { index: 77, .. })));
+    assert!(matches!(encode_layer("t", &w[..100], 128, 128, &opts(2, 1, 0)), Err(EschaError::BadLength { .. })));
+    assert!(matches!(encode_layer("t", &vec![0.1; 128 * 128], 128, 128, &opts(4, 1, 0)), Err(EschaError::BadK { .. })));
+}
+
+/// With an imatrix, the error weighted by each input's mean square (what
+/// the model's outputs feel) must drop against the unweighted encoding.
+#[test]
+fn importance_lowers_the_activation_weighted_error() {
+    use escha_ggml::encode::{effective_weight, encode_layer, LayerOptions};
+    let mut rng = Rng::new(23);
+    let (oc, ic) = (128, 256);
+    let w = uneven_weight(&mut rng, oc, ic);
+    // Mean squared activations spread over four decades, as in real models.
+    let imp: Vec<f32> = (0..ic).map(|_| 10f32.powf(4.0 * rng.uniform() - 2.0)).collect();
+    let weighted = |e: &escha_ggml::encode::EncodedLayer| -> f64 {
+        let we = effective_weight(&e.code, e.shape, &e.rin, &e.rout);
+        let (mut num, mut den) = (0f64, 0f64);
+        for c in 0..oc {
+            for i in 0..ic {
+                let (d, v) = ((we[c * ic + i] - w[c * ic + i]) as f64, w[c * ic + i] as f64);
+                num += d * d * imp[i] as f64;
+                den += v * v * imp[i] as f64;
+            }
+        }
+        (num / den).sqrt()
+    };
+    for k in [2usize, 3] {
+        let plain = encode_layer("t", &w, ic, oc, &opts(k, 2, 3)).unwrap();
+        let steered = encode_layer("t", &w, ic, oc, &LayerOptions { importance: Some(&imp), ..opts(k, 2, 3) }).unwrap();
+        let (a, b) = (weighted(&plain), weighted(&steered));
+        eprintln!("K={k}: imatrix-weighted relative error {a:.4} without, {b:.4} with importance");
+        assert!(b < 0.8 * a, "K={k}: importance did not help: {b} vs {a}");
+    }
+    let mut bad = imp.clone();
+    bad[5] = -1.0;
+    assert!(encode_layer("t", &w, ic, oc, &LayerOptions { importance: Some(&bad), ..opts(2, 1, 0) }).is_err());
+    assert!(encode_layer("t", &w, ic, oc, &LayerOptions { importance: Some(&imp[..10]), ..opts(2, 1, 0) }).is_err());
 }

@@ -38,6 +38,16 @@ usage:
       K, shapes, and the first tile decoded as a 16x16 grid (rows = inputs).
       e.g. escha info q_proj.i16 --ic 4096 --oc 4096
 
+  escha quantize IN.gguf OUT.gguf [--k2 PATTERN]... [--k3 PATTERN]... [--exclude PATTERN]...
+                 [--imatrix FILE] [--threads N] [--seed N] [--no-progress]
+      Code the projections of an f16/bf16/f32 (or dequantizable) GGUF as Escha-W2
+      (docs/FORMAT.md §8); everything else is copied. PATTERNs are globs over tensor
+      names (* and ?), repeatable; giving any --k2/--k3 replaces the default mix
+      (--k3 'blk.*.ffn_up*.weight' --k3 'blk.*.ffn_down*.weight' --k2 'blk.*.attn_*.weight'
+       --k2 'blk.*.ffn_*.weight' --k2 'blk.*.ssm_out.weight'); routers (*.ffn_gate_inp*)
+      are never coded. --imatrix: a llama-imatrix file (GGUF or legacy .dat).
+      e.g. escha quantize model-f16.gguf model-escha.gguf --imatrix imatrix.gguf
+
   escha help | --help
       This text.
 
@@ -93,7 +103,8 @@ fn run(argv: Vec<OsString>) -> Result<ExitCode> {
         "reconstruct" => cmd_reconstruct(&Args::parse(&RECONSTRUCT, rest)?),
         "linear" => cmd_linear(&Args::parse(&LINEAR, rest)?),
         "info" => cmd_info(&Args::parse(&INFO, rest)?),
-        other => usage(format!("unknown subcommand {other:?} (expected reconstruct, linear, info or help)")),
+        "quantize" => cmd_quantize(&Args::parse(&QUANTIZE, rest)?),
+        other => usage(format!("unknown subcommand {other:?} (expected reconstruct, linear, info, quantize or help)")),
     }
 }
 
@@ -110,6 +121,8 @@ struct Spec {
     switches: &'static [&'static str],
     /// Positional arguments, all required.
     positional: &'static [&'static str],
+    /// Value flags that may be given more than once.
+    repeatable: &'static [&'static str],
 }
 
 const RECONSTRUCT: Spec = Spec {
@@ -117,6 +130,7 @@ const RECONSTRUCT: Spec = Spec {
     values: &["--ic", "--oc", "--rin", "--rout", "-o", "--compare"],
     switches: &[],
     positional: &["CODE.i16"],
+    repeatable: &[],
 };
 
 const LINEAR: Spec = Spec {
@@ -124,9 +138,18 @@ const LINEAR: Spec = Spec {
     values: &["--code", "--rin", "--rout", "--s-in", "--s-out", "--bias", "--x", "-o", "--impl", "--isa", "--compare"],
     switches: &["--no-bias"],
     positional: &[],
+    repeatable: &[],
 };
 
-const INFO: Spec = Spec { name: "info", values: &["--ic", "--oc", "--rin", "--rout"], switches: &[], positional: &["CODE.i16"] };
+const INFO: Spec = Spec { name: "info", values: &["--ic", "--oc", "--rin", "--rout"], switches: &[], positional: &["CODE.i16"], repeatable: &[] };
+
+const QUANTIZE: Spec = Spec {
+    name: "quantize",
+    values: &["--k2", "--k3", "--exclude", "--imatrix", "--threads", "--seed"],
+    switches: &["--no-progress"],
+    positional: &["IN.gguf", "OUT.gguf"],
+    repeatable: &["--k2", "--k3", "--exclude"],
+};
 
 struct Args {
     cmd: &'static str,
@@ -158,7 +181,7 @@ impl Args {
                         _ => return usage(format!("{}: {flag} needs a value", spec.name)),
                     },
                 };
-                if a.get(flag).is_some() {
+                if a.get(flag).is_some() && !spec.repeatable.contains(&flag) {
                     return usage(format!("{}: {flag} given twice", spec.name));
                 }
                 a.values.push((flag, value));
@@ -180,6 +203,11 @@ impl Args {
 
     fn get(&self, flag: &str) -> Option<&str> {
         self.values.iter().find(|(f, _)| *f == flag).map(|(_, v)| v.as_str())
+    }
+
+    #[cfg_attr(not(feature = "ggml"), allow(dead_code))]
+    fn all(&self, flag: &str) -> Vec<String> {
+        self.values.iter().filter(|(f, _)| *f == flag).map(|(_, v)| v.clone()).collect()
     }
 
     fn required(&self, flag: &str) -> Result<&str> {
@@ -450,4 +478,36 @@ fn cmd_info(a: &Args) -> Result<ExitCode> {
         println!("{}", cells.join(""));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "ggml")]
+fn cmd_quantize(a: &Args) -> Result<ExitCode> {
+    use escha_ggml::quantize::{self, imatrix::Imatrix, plan::Rules, Options};
+    let (input, output) = (Path::new(&a.positional[0]), Path::new(&a.positional[1]));
+    if !input.is_file() {
+        bail!("quantize: input {} does not exist or is not a file", input.display());
+    }
+    let mut opts = Options {
+        rules: Rules::from_args(a.all("--k2"), a.all("--k3"), a.all("--exclude")),
+        show_progress: !a.has("--no-progress"),
+        ..Options::default()
+    };
+    if a.get("--threads").is_some() {
+        opts.threads = a.number("--threads")?.max(1);
+    }
+    if a.get("--seed").is_some() {
+        opts.seed = a.number("--seed")? as u64;
+    }
+    if let Some(p) = a.get("--imatrix") {
+        opts.imatrix = Some(Imatrix::load(Path::new(p))?);
+    }
+    eprintln!("escha quantize: {} -> {} on {} threads", input.display(), output.display(), opts.threads);
+    let report = quantize::quantize_gguf(input, output, &opts)?;
+    print!("{}", report.table());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "ggml"))]
+fn cmd_quantize(_: &Args) -> Result<ExitCode> {
+    bail!("quantize: this build has no GGUF support (build with the default `ggml` feature)")
 }

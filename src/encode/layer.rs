@@ -16,6 +16,7 @@ use crate::hadamard::{h128, RS};
 use crate::testutil::Rng;
 use crate::validate::LinearShape;
 use half::f16;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// RMS the rotated weights are scaled to (the codebook's is about 1.244;
 /// slightly less trades clipping of the tails for resolution).
@@ -31,6 +32,9 @@ pub struct EncodedLayer {
     pub rout: Vec<f16>,
     /// `||W_eff - W||_F / ||W||_F` of the decoded effective weight.
     pub rel_error: f64,
+    /// The same with every input channel weighted by its importance (when
+    /// one was given): the relative error the layer's outputs see.
+    pub weighted_rel_error: Option<f64>,
 }
 
 fn rms(v: impl Iterator<Item = f32>) -> f32 {
@@ -104,18 +108,72 @@ pub fn effective_weight(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f
     t
 }
 
-/// Encodes `w [OC, IC]` (both multiples of 128) with K bits per weight on
-/// `threads` threads; `seed` fixes the random signs.
-pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, k: usize, threads: usize, seed: u64) -> crate::Result<EncodedLayer> {
+/// How one projection is encoded.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerOptions<'a> {
+    /// Bits per weight: 2 or 3.
+    pub k: usize,
+    /// Worker threads for the tiles.
+    pub threads: usize,
+    /// Fixes the random signs of rin / rout.
+    pub seed: u64,
+    /// Mean squared activation of each input channel (`IC` values, as in a
+    /// llama.cpp imatrix): steers `rin` so error lands on quiet inputs.
+    pub importance: Option<&'a [f32]>,
+    /// Incremented once per encoded tile (for progress displays).
+    pub progress: Option<&'a AtomicUsize>,
+}
+
+impl LayerOptions<'_> {
+    /// K bits, all cores, seed 0, no importance.
+    pub fn new(k: usize) -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self { k, threads, seed: 0, importance: None, progress: None }
+    }
+}
+
+/// Input-channel magnitudes for `rin`. Coding error is roughly white in the
+/// rotated domain, so output error for channel c scales with
+/// `(sum_i W_ci^2 / rin_i^2) * (sum_i rin_i^2 imp_i)`; by Cauchy-Schwarz
+/// that is smallest for `rin_i^2 ~ |W_.i| / sqrt(imp_i)`, i.e.
+/// `rin_i = sqrt(colrms_i) * imp_i^(-1/4)` (uniform importance without an
+/// imatrix).
+fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<&[f32]>) -> crate::Result<Vec<f32>> {
+    let mut sq = vec![0f64; ic];
+    for row in w.chunks_exact(ic) {
+        for (s, &v) in sq.iter_mut().zip(row) {
+            *s += (v as f64) * (v as f64);
+        }
+    }
+    let mut mags: Vec<f32> = sq.iter().map(|&s| ((s / oc as f64).sqrt().sqrt()) as f32).collect();
+    if let Some(imp) = importance {
+        crate::validate::check_len(name, "importance", imp.len(), ic)?;
+        crate::validate::check_finite(name, "importance", imp.iter().copied())?;
+        if let Some(i) = imp.iter().position(|&v| v < 0.0) {
+            return Err(crate::EschaError::NonFinite { tensor: name.into(), what: "importance (negative)", index: i, value: imp[i] });
+        }
+        let mean = imp.iter().map(|&v| v as f64).sum::<f64>() / ic as f64;
+        if mean > 0.0 {
+            // Channels never seen active get the floor, not an infinite scale.
+            for (m, &v) in mags.iter_mut().zip(imp) {
+                let rel = (v as f64 / mean).max(1e-4);
+                *m = (*m as f64 * rel.powf(-0.25)) as f32;
+            }
+        }
+    }
+    Ok(mags)
+}
+
+/// Encodes `w [OC, IC]` (both multiples of 128) as a coded linear.
+pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, opts: &LayerOptions) -> crate::Result<EncodedLayer> {
+    let k = opts.k;
     let shape = LinearShape::new(name, k, ic, oc)?;
     crate::validate::check_len(name, "weight", w.len(), ic * oc)?;
     crate::validate::check_finite(name, "weight", w.iter().copied())?;
-    let mut rng = Rng::new(seed);
-    // Input scales: square root of each column's RMS (balances the columns
-    // half-way, as activation outliers are not known here); output scales:
-    // each row's RMS after that, divided by the target spread.
-    let col: Vec<f32> = (0..ic).map(|i| rms((0..oc).map(|c| w[c * ic + i])).sqrt()).collect();
-    let rin = signed_scales(&col, &mut rng);
+    let mut rng = Rng::new(opts.seed);
+    // Input scales from the columns (and importance); output scales: each
+    // row's RMS after that, divided by the target spread.
+    let rin = signed_scales(&input_scales(name, w, ic, oc, opts.importance)?, &mut rng);
     let row: Vec<f32> = (0..oc).map(|c| rms((0..ic).map(|i| w[c * ic + i] / rin[i].to_f32().abs())) / TARGET_RMS).collect();
     let rout = signed_scales(&row, &mut rng);
     let wb = rotated(w, ic, oc, &rin, &rout);
@@ -124,7 +182,8 @@ pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, k: usize, threa
     let tw = 16 * k;
     let mut code = vec![0i16; shape.code_len()];
     let n_tiles = ktn * ntn;
-    let threads = threads.max(1).min(n_tiles);
+    let threads = opts.threads.max(1).min(n_tiles);
+    let progress = opts.progress;
     std::thread::scope(|s| {
         for (ci, chunk) in code.chunks_mut(n_tiles.div_ceil(threads) * tw).enumerate() {
             let wb = &wb;
@@ -139,12 +198,24 @@ pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, k: usize, threa
                         *v = wb[(kt * TILE + r) * oc + nt * TILE + c];
                     }
                     out.copy_from_slice(&enc.encode(&target, None).code);
+                    if let Some(p) = progress {
+                        p.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             });
         }
     });
     let weff = effective_weight(&code, shape, &rin, &rout);
-    let num: f64 = weff.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-    let den: f64 = w.iter().map(|&b| (b as f64).powi(2)).sum();
-    Ok(EncodedLayer { shape, code, rin, rout, rel_error: (num / den.max(f64::MIN_POSITIVE)).sqrt() })
+    let rel = |imp: Option<&[f32]>| {
+        let (mut num, mut den) = (0f64, 0f64);
+        for (we, wr) in weff.chunks_exact(ic).zip(w.chunks_exact(ic)) {
+            for (i, (&a, &b)) in we.iter().zip(wr).enumerate() {
+                let q = imp.map_or(1.0, |v| v[i] as f64);
+                num += q * ((a - b) as f64).powi(2);
+                den += q * (b as f64).powi(2);
+            }
+        }
+        (num / den.max(f64::MIN_POSITIVE)).sqrt()
+    };
+    Ok(EncodedLayer { shape, code, rin, rout, rel_error: rel(None), weighted_rel_error: opts.importance.map(|v| rel(Some(v))) })
 }

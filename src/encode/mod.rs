@@ -4,5 +4,5 @@
 pub mod layer;
 pub mod tile;
 
-pub use layer::{encode_layer, EncodedLayer};
+pub use layer::{effective_weight, encode_layer, EncodedLayer, LayerOptions};
 pub use tile::{pack, EncodedTile, TileEncoder};

@@ -1,0 +1,304 @@
+//! `escha quantize`: an f16 / bf16 / f32 (or dequantizable) GGUF to an
+//! Escha-W2 GGUF in the tensor contract of `docs/FORMAT.md` §8.
+//! - [`plan`]: which tensors are coded with which K (glob rules);
+//! - [`imatrix`]: llama.cpp importance matrices;
+//! - [`progress`]: the progress bar.
+//!
+//! Every coded projection `<stem>.weight` becomes `<stem>.escha_code` (I16),
+//! `<stem>.escha_rin` and `<stem>.escha_rout` (F16), in the same place of
+//! the tensor list; every other tensor and every metadata key is copied.
+//! Output is streamed tensor by tensor into `OUT.partial` and renamed when
+//! complete, so a failed run never leaves a plausible-looking file.
+
+pub mod imatrix;
+pub mod plan;
+pub mod progress;
+
+use crate::encode::{encode_layer, LayerOptions};
+use crate::gguf::{self, GgmlType, GgufFile, GgufWriter};
+use anyhow::{bail, Context};
+use imatrix::Imatrix;
+use plan::{Action, Rules};
+use progress::Progress;
+use std::path::Path;
+use std::time::Instant;
+
+/// Settings of one quantization run.
+pub struct Options {
+    pub rules: Rules,
+    pub threads: usize,
+    pub seed: u64,
+    pub imatrix: Option<Imatrix>,
+    pub show_progress: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            rules: Rules::default(),
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            seed: 0,
+            imatrix: None,
+            show_progress: false,
+        }
+    }
+}
+
+/// One coded tensor in the final table.
+#[derive(Clone, Debug)]
+pub struct Coded {
+    pub name: String,
+    pub source_type: String,
+    pub k: usize,
+    pub ic: usize,
+    pub oc: usize,
+    pub experts: usize,
+    /// Code plus rin/rout bits per weight.
+    pub bpw: f64,
+    /// Worst (over experts) relative Frobenius error of the effective weight.
+    pub rel_error: f64,
+    /// The same weighted by the imatrix, when one was given.
+    pub weighted_error: Option<f64>,
+    pub seconds: f64,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub coded: Vec<Coded>,
+    /// Tensors a rule matched that could not be coded, with the reason.
+    pub skipped: Vec<(String, String)>,
+    pub copied: usize,
+    pub tiles: usize,
+    pub seconds: f64,
+    pub in_bytes: u64,
+    pub out_bytes: u64,
+    /// Coded tensors without an imatrix entry (when an imatrix was given).
+    pub no_importance: Vec<String>,
+}
+
+/// File type of the non-coded weights (`llama_ftype`), for files that do
+/// not declare one: the most common type among the copied 2-D weights.
+fn guess_file_type(src: &GgufFile, coded: &[bool]) -> u32 {
+    let mut counts = std::collections::HashMap::<u32, usize>::new();
+    for (t, &c) in src.tensors().iter().zip(coded) {
+        if !c && t.n_dims() >= 2 {
+            let ft = match t.ty {
+                GgmlType::GGML_TYPE_F32 => 0,
+                GgmlType::GGML_TYPE_F16 => 1,
+                GgmlType::GGML_TYPE_Q8_0 => 7,
+                GgmlType::GGML_TYPE_BF16 => 32,
+                _ => continue,
+            };
+            *counts.entry(ft).or_default() += t.n_elements();
+        }
+    }
+    counts.into_iter().max_by_key(|&(_, n)| n).map_or(1, |(ft, _)| ft)
+}
+
+/// Deterministic per-tensor seed (FNV-1a of the name), so each tensor gets
+/// its own random signs and reruns give identical files.
+fn tensor_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(0xcbf29ce484222325u64 ^ seed, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+fn as_bytes<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Quantizes `input` into `output`.
+pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    if input.exists() && output.exists() && std::fs::canonicalize(input)? == std::fs::canonicalize(output)? {
+        bail!("output {} is the input file", output.display());
+    }
+    let src = GgufFile::open(input)?;
+    if src.get_u32("escha.format_version")?.is_some() {
+        bail!("{} is already an Escha GGUF (escha.format_version is set)", input.display());
+    }
+    // Plan everything first: bad input fails before hours of encoding.
+    let mut report = Report { in_bytes: std::fs::metadata(input)?.len(), ..Report::default() };
+    let mut actions = Vec::new();
+    for t in src.tensors() {
+        let a = plan::action(&opts.rules, &t.name, &t.ne, t.n_dims());
+        if let Action::Code { .. } = a {
+            if !gguf::can_convert(t.ty) {
+                bail!("tensor {}: type {} cannot be converted to f32, so it cannot be coded (exclude it with --exclude)", t.name, t.type_name());
+            }
+        }
+        if let Action::Skip(why) = &a {
+            report.skipped.push((t.name.clone(), why.clone()));
+        }
+        actions.push(a);
+    }
+    if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
+        bail!("no tensor of {} matches a coding rule with codable dims (see --k2/--k3)", input.display());
+    }
+
+    let mut w = GgufWriter::new();
+    w.copy_kv(&src);
+    w.set_u32("escha.format_version", 2);
+    w.set_u32("escha.codebook", 1);
+    let coded_mask: Vec<bool> = actions.iter().map(|a| matches!(a, Action::Code { .. })).collect();
+    let ft = match src.get_u32("general.file_type")? {
+        Some(ft) => ft,
+        None => guess_file_type(&src, &coded_mask),
+    };
+    w.set_u32("general.file_type", ft);
+    for (t, a) in src.tensors().iter().zip(&actions) {
+        match *a {
+            Action::Code { k, ic, oc, experts } => {
+                let stem = plan::stem(&t.name);
+                let e = experts as i64;
+                let (ic, oc) = (ic as i64, oc as i64);
+                let dims = |v: &[i64]| -> Vec<i64> { if experts > 1 { [v, &[e]].concat() } else { v.to_vec() } };
+                w.add_tensor(&format!("{stem}.escha_code"), GgmlType::GGML_TYPE_I16, &dims(&[16 * k as i64, oc / 16, ic / 16]))?;
+                w.add_tensor(&format!("{stem}.escha_rin"), GgmlType::GGML_TYPE_F16, &dims(&[ic]))?;
+                w.add_tensor(&format!("{stem}.escha_rout"), GgmlType::GGML_TYPE_F16, &dims(&[oc]))?;
+            }
+            _ => w.add_tensor(&t.name, t.ty, &t.ne[..t.n_dims()])?,
+        }
+    }
+
+    let total_tiles: usize = actions
+        .iter()
+        .map(|a| if let Action::Code { ic, oc, experts, .. } = a { ic / 16 * (oc / 16) * experts } else { 0 })
+        .sum();
+    let mut partial = output.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let mut out = w.create(&partial)?;
+    let progress = Progress::start(total_tiles, opts.show_progress);
+    let result = (|| -> anyhow::Result<()> {
+        for (t, a) in src.tensors().iter().zip(&actions) {
+            let Action::Code { k, ic, oc, experts } = *a else {
+                out.write_tensor(&t.name, &src.read(t)?)?;
+                report.copied += 1;
+                continue;
+            };
+            progress.set_label(&t.name);
+            let t0 = Instant::now();
+            let w = src.read_f32(t)?;
+            let (mut code, mut rin, mut rout) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut worst, mut worst_w) = (0f64, None::<f64>);
+            for e in 0..experts {
+                let imp = match &opts.imatrix {
+                    Some(m) => m.get(&t.name, e, ic)?,
+                    None => None,
+                };
+                if opts.imatrix.is_some() && imp.is_none() && e == 0 {
+                    report.no_importance.push(t.name.clone());
+                }
+                let lo = LayerOptions {
+                    k,
+                    threads: opts.threads,
+                    seed: tensor_seed(opts.seed, &t.name).wrapping_add(e as u64),
+                    importance: imp,
+                    progress: Some(&progress.tiles),
+                };
+                let name = if experts > 1 { format!("{} (expert {e})", t.name) } else { t.name.clone() };
+                let enc = encode_layer(&name, &w[e * ic * oc..(e + 1) * ic * oc], ic, oc, &lo).with_context(|| format!("coding {name}"))?;
+                worst = worst.max(enc.rel_error);
+                worst_w = enc.weighted_rel_error.map(|v| worst_w.map_or(v, |m| m.max(v)));
+                code.extend_from_slice(&enc.code);
+                rin.extend_from_slice(&enc.rin);
+                rout.extend_from_slice(&enc.rout);
+            }
+            let stem = plan::stem(&t.name);
+            out.write_tensor(&format!("{stem}.escha_code"), as_bytes(&code))?;
+            out.write_tensor(&format!("{stem}.escha_rin"), as_bytes(&rin))?;
+            out.write_tensor(&format!("{stem}.escha_rout"), as_bytes(&rout))?;
+            let bits = (code.len() * 16 + (rin.len() + rout.len()) * 16) as f64;
+            report.tiles += ic / 16 * (oc / 16) * experts;
+            report.coded.push(Coded {
+                name: t.name.clone(),
+                source_type: t.type_name(),
+                k,
+                ic,
+                oc,
+                experts,
+                bpw: bits / (ic * oc * experts) as f64,
+                rel_error: worst,
+                weighted_error: worst_w,
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+        }
+        out.finish()?;
+        Ok(())
+    })();
+    progress.finish();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))?;
+    report.out_bytes = std::fs::metadata(output)?.len();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+impl Report {
+    /// Coded weights and their total bits.
+    pub fn coded_weights(&self) -> (usize, f64) {
+        self.coded.iter().fold((0, 0.0), |(n, b), c| {
+            let w = c.ic * c.oc * c.experts;
+            (n + w, b + c.bpw * w as f64)
+        })
+    }
+
+    /// The human-readable summary: per-tensor table, skipped tensors, totals.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let wtd = self.coded.iter().any(|c| c.weighted_error.is_some());
+        let _ = writeln!(
+            s,
+            "{:<36} {:>6} {:>2} {:>13} {:>6} {:>8}{} {:>7}",
+            "tensor",
+            "from",
+            "K",
+            "IC x OC (xE)",
+            "bpw",
+            "rel err",
+            if wtd { "  imat err" } else { "" },
+            "time"
+        );
+        for c in &self.coded {
+            let shape = if c.experts > 1 { format!("{}x{}x{}", c.ic, c.oc, c.experts) } else { format!("{}x{}", c.ic, c.oc) };
+            let we = match (wtd, c.weighted_error) {
+                (true, Some(v)) => format!("  {v:>8.4}"),
+                (true, None) => format!("  {:>8}", "-"),
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "{:<36} {:>6} {:>2} {:>13} {:>6.3} {:>8.4}{we} {:>6.1}s", c.name, c.source_type, c.k, shape, c.bpw, c.rel_error, c.seconds);
+        }
+        for (name, why) in &self.skipped {
+            let _ = writeln!(s, "skipped (copied unchanged): {name}: {why}");
+        }
+        for name in &self.no_importance {
+            let _ = writeln!(s, "no imatrix entry (coded without importance): {name}");
+        }
+        let (n, bits) = self.coded_weights();
+        let err = self.coded.iter().map(|c| c.rel_error * c.rel_error * (c.ic * c.oc * c.experts) as f64).sum::<f64>();
+        let _ = writeln!(
+            s,
+            "coded {} tensors, {:.1} M weights at {:.3} bits/weight (weight-averaged rel err {:.4}); copied {}; skipped {}",
+            self.coded.len(),
+            n as f64 / 1e6,
+            bits / n.max(1) as f64,
+            (err / n.max(1) as f64).sqrt(),
+            self.copied,
+            self.skipped.len()
+        );
+        let _ = writeln!(
+            s,
+            "{} tiles in {:.1} s ({:.1} tiles/s); file {:.1} MiB -> {:.1} MiB",
+            self.tiles,
+            self.seconds,
+            self.tiles as f64 / self.seconds.max(1e-9),
+            self.in_bytes as f64 / 1048576.0,
+            self.out_bytes as f64 / 1048576.0
+        );
+        s
+    }
+}

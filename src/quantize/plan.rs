@@ -1,0 +1,149 @@
+//! Which tensors are coded, with which K, and why others are not.
+//!
+//! Patterns are globs over the full tensor name (`*` any run, `?` one
+//! character). A tensor is a candidate when it is a 2-D projection
+//! `[OC, IC]` or a 3-D expert stack `[E, OC, IC]` named `*.weight`; 1-D
+//! tensors (norms, biases) are always copied. A candidate matching an
+//! exclude pattern is copied; else the first matching `--k3` pattern gives
+//! K=3, else a matching `--k2` pattern K=2, else it is copied. A matched
+//! candidate whose dims are not multiples of 128 is copied and reported.
+
+/// K=3 by default: the up and down projections, as in the published 27B
+/// export (the rest is K=2).
+pub const DEFAULT_K3: &[&str] = &["blk.*.ffn_up*.weight", "blk.*.ffn_down*.weight"];
+/// K=2 by default: every other projection in a block.
+pub const DEFAULT_K2: &[&str] = &["blk.*.attn_*.weight", "blk.*.ffn_*.weight", "blk.*.ssm_out.weight"];
+/// Never coded by default: MoE routers stay exact.
+pub const DEFAULT_EXCLUDE: &[&str] = &["*.ffn_gate_inp*"];
+
+/// `*` / `?` glob match.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// The K selection rules.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    pub k3: Vec<String>,
+    pub k2: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        Self { k3: own(DEFAULT_K3), k2: own(DEFAULT_K2), exclude: own(DEFAULT_EXCLUDE) }
+    }
+}
+
+impl Rules {
+    /// User patterns replace the default K lists (given either list, only
+    /// the given patterns code anything); excludes add to the default.
+    pub fn from_args(k2: Vec<String>, k3: Vec<String>, exclude: Vec<String>) -> Self {
+        let mut r = Self::default();
+        if !k2.is_empty() || !k3.is_empty() {
+            r.k2 = k2;
+            r.k3 = k3;
+        }
+        r.exclude.extend(exclude);
+        r
+    }
+
+    /// K for a tensor name, or None when no rule codes it.
+    pub fn k_for(&self, name: &str) -> Option<usize> {
+        if self.exclude.iter().any(|p| glob(p, name)) {
+            None
+        } else if self.k3.iter().any(|p| glob(p, name)) {
+            Some(3)
+        } else if self.k2.iter().any(|p| glob(p, name)) {
+            Some(2)
+        } else {
+            None
+        }
+    }
+}
+
+/// What happens to one tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Copied byte for byte.
+    Copy,
+    /// Coded with K bits: `ic`, `oc`, and `experts` (1 for a dense weight).
+    Code { k: usize, ic: usize, oc: usize, experts: usize },
+    /// Matched by a rule but not codable; copied, and reported with the reason.
+    Skip(String),
+}
+
+/// Decides the action for a tensor of ggml shape `ne` (`ne[0]` = IC).
+pub fn action(rules: &Rules, name: &str, ne: &[i64; 4], n_dims: usize) -> Action {
+    if !name.ends_with(".weight") || !(2..=3).contains(&n_dims) {
+        return Action::Copy;
+    }
+    let Some(k) = rules.k_for(name) else { return Action::Copy };
+    let (ic, oc, e) = (ne[0], ne[1], ne[2]);
+    let bad: Vec<String> = [("IC (ne[0])", ic), ("OC (ne[1])", oc)]
+        .iter()
+        .filter(|(_, v)| v % 128 != 0)
+        .map(|(w, v)| format!("{w} = {v}"))
+        .collect();
+    if !bad.is_empty() {
+        return Action::Skip(format!("{} not a multiple of 128", bad.join(", ")));
+    }
+    Action::Code { k, ic: ic as usize, oc: oc as usize, experts: e as usize }
+}
+
+/// The stem of a coded weight (`blk.0.attn_q.weight` -> `blk.0.attn_q`).
+pub fn stem(name: &str) -> &str {
+    name.strip_suffix(".weight").unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob("blk.*.ffn_up*.weight", "blk.12.ffn_up.weight"));
+        assert!(glob("blk.*.ffn_up*.weight", "blk.3.ffn_up_exps.weight"));
+        assert!(!glob("blk.*.ffn_up*.weight", "blk.3.ffn_gate_up_exps.weight"));
+        assert!(glob("*", ""));
+        assert!(glob("a?c", "abc") && !glob("a?c", "ac"));
+        assert!(!glob("blk.*", "token_embd.weight"));
+    }
+
+    #[test]
+    fn default_mix_and_skips() {
+        let r = Rules::default();
+        let two = |ic, oc| [ic, oc, 1, 1];
+        assert_eq!(action(&r, "blk.0.ffn_up.weight", &two(640, 2048), 2), Action::Code { k: 3, ic: 640, oc: 2048, experts: 1 });
+        assert_eq!(action(&r, "blk.0.ffn_down.weight", &two(2048, 640), 2), Action::Code { k: 3, ic: 2048, oc: 640, experts: 1 });
+        assert_eq!(action(&r, "blk.0.attn_q.weight", &two(640, 1024), 2), Action::Code { k: 2, ic: 640, oc: 1024, experts: 1 });
+        assert_eq!(action(&r, "blk.0.ffn_gate_up_exps.weight", &[2048, 1024, 8, 1], 3), Action::Code { k: 2, ic: 2048, oc: 1024, experts: 8 });
+        assert_eq!(action(&r, "blk.0.ffn_gate_inp.weight", &two(2048, 256), 2), Action::Copy);
+        assert_eq!(action(&r, "blk.0.attn_norm.weight", &[640, 1, 1, 1], 1), Action::Copy);
+        assert_eq!(action(&r, "token_embd.weight", &two(640, 262144), 2), Action::Copy);
+        assert!(matches!(action(&r, "blk.0.attn_k.weight", &two(576, 192), 2), Action::Skip(s) if s.contains("576") && s.contains("192")));
+        let all2 = Rules::from_args(vec!["*".into()], vec![], vec!["blk.1.*".into()]);
+        assert_eq!(all2.k_for("blk.0.ffn_up.weight"), Some(2));
+        assert_eq!(all2.k_for("blk.1.ffn_up.weight"), None);
+        assert_eq!(all2.k_for("blk.0.ffn_gate_inp.weight"), None);
+    }
+}
