@@ -24,6 +24,8 @@ pub mod ggml;
 pub mod gguf;
 #[cfg(feature = "ggml")]
 pub mod quantize;
+#[cfg(feature = "ggml")]
+pub mod safetensors;
 pub mod hadamard;
 pub mod rawio;
 pub mod reference;

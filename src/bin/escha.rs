@@ -40,8 +40,11 @@ usage:
 
   escha quantize IN.gguf OUT.gguf [--k2 PATTERN]... [--k3 PATTERN]... [--exclude PATTERN]...
                  [--imatrix FILE] [--threads N] [--seed N] [--no-progress]
+  escha quantize IN_DIR OUT_DIR [same options]
       Code the projections of an f16/bf16/f32 (or dequantizable) GGUF as Escha-W2
-      (docs/FORMAT.md §8); everything else is copied. PATTERNs are globs over tensor
+      (docs/FORMAT.md §8); everything else is copied. Given an HF checkpoint directory
+      (config.json + *.safetensors), write an Escha HF checkpoint directory instead
+      (leaf contract, §7; HF names, default mix by the same rule). PATTERNs are globs over tensor
       names (* and ?), repeatable; giving any --k2/--k3 replaces the default mix
       (--k3 'blk.*.ffn_up*.weight' --k3 'blk.*.ffn_down*.weight' --k2 'blk.*.attn_*.weight'
        --k2 'blk.*.ffn_*.weight' --k2 'blk.*.ssm_out.weight'); routers (*.ffn_gate_inp*)
@@ -484,11 +487,11 @@ fn cmd_info(a: &Args) -> Result<ExitCode> {
 fn cmd_quantize(a: &Args) -> Result<ExitCode> {
     use escha_ggml::quantize::{self, imatrix::Imatrix, plan::Rules, Options};
     let (input, output) = (Path::new(&a.positional[0]), Path::new(&a.positional[1]));
-    if !input.is_file() {
-        bail!("quantize: input {} does not exist or is not a file", input.display());
+    if !input.exists() {
+        bail!("quantize: input {} does not exist", input.display());
     }
     let mut opts = Options {
-        rules: Rules::from_args(a.all("--k2"), a.all("--k3"), a.all("--exclude")),
+        rules: Rules::with_args(if input.is_dir() { Rules::hf() } else { Rules::default() }, a.all("--k2"), a.all("--k3"), a.all("--exclude")),
         show_progress: !a.has("--no-progress"),
         ..Options::default()
     };
@@ -502,7 +505,7 @@ fn cmd_quantize(a: &Args) -> Result<ExitCode> {
         opts.imatrix = Some(Imatrix::load(Path::new(p))?);
     }
     eprintln!("escha quantize: {} -> {} on {} threads", input.display(), output.display(), opts.threads);
-    let report = quantize::quantize_gguf(input, output, &opts)?;
+    let report = if input.is_dir() { quantize::hf::quantize_hf(input, output, &opts)? } else { quantize::quantize_gguf(input, output, &opts)? };
     print!("{}", report.table());
     Ok(ExitCode::SUCCESS)
 }

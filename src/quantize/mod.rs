@@ -10,6 +10,7 @@
 //! Output is streamed tensor by tensor into `OUT.partial` and renamed when
 //! complete, so a failed run never leaves a plausible-looking file.
 
+pub mod hf;
 pub mod imatrix;
 pub mod plan;
 pub mod progress;
@@ -17,6 +18,7 @@ pub mod progress;
 use crate::encode::{encode_layer, LayerOptions};
 use crate::gguf::{self, GgmlType, GgufFile, GgufWriter};
 use anyhow::{bail, Context};
+use half::f16;
 use imatrix::Imatrix;
 use plan::{Action, Rules};
 use progress::Progress;
@@ -102,8 +104,80 @@ fn tensor_seed(seed: u64, name: &str) -> u64 {
     name.bytes().fold(0xcbf29ce484222325u64 ^ seed, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
+/// One tensor's codes and sidecars, expert after expert.
+struct CodedTensor {
+    code: Vec<i16>,
+    rin: Vec<f16>,
+    rout: Vec<f16>,
+}
+
+/// Codes `w` (`experts` matrices `[OC, IC]`) and records it in `report`.
+fn encode_tensor(
+    name: &str,
+    source_type: String,
+    w: &[f32],
+    (k, ic, oc, experts): (usize, usize, usize, usize),
+    opts: &Options,
+    progress: &Progress,
+    report: &mut Report,
+) -> anyhow::Result<CodedTensor> {
+    let t0 = Instant::now();
+    let mut c = CodedTensor { code: Vec::new(), rin: Vec::new(), rout: Vec::new() };
+    let (mut worst, mut worst_w) = (0f64, None::<f64>);
+    for e in 0..experts {
+        let imp = match &opts.imatrix {
+            Some(m) => m.get(name, e, ic)?,
+            None => None,
+        };
+        if opts.imatrix.is_some() && imp.is_none() && e == 0 {
+            report.no_importance.push(name.to_string());
+        }
+        let lo = LayerOptions {
+            k,
+            threads: opts.threads,
+            seed: tensor_seed(opts.seed, name).wrapping_add(e as u64),
+            importance: imp,
+            progress: Some(&progress.tiles),
+        };
+        let shown = if experts > 1 { format!("{name} (expert {e})") } else { name.to_string() };
+        let enc = encode_layer(&shown, &w[e * ic * oc..(e + 1) * ic * oc], ic, oc, &lo).with_context(|| format!("coding {shown}"))?;
+        worst = worst.max(enc.rel_error);
+        worst_w = enc.weighted_rel_error.map(|v| worst_w.map_or(v, |m| m.max(v)));
+        c.code.extend_from_slice(&enc.code);
+        c.rin.extend_from_slice(&enc.rin);
+        c.rout.extend_from_slice(&enc.rout);
+    }
+    let bits = (c.code.len() * 16 + (c.rin.len() + c.rout.len()) * 16) as f64;
+    report.tiles += ic / 16 * (oc / 16) * experts;
+    report.coded.push(Coded {
+        name: name.to_string(),
+        source_type,
+        k,
+        ic,
+        oc,
+        experts,
+        bpw: bits / (ic * oc * experts) as f64,
+        rel_error: worst,
+        weighted_error: worst_w,
+        seconds: t0.elapsed().as_secs_f64(),
+    });
+    Ok(c)
+}
+
 fn as_bytes<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
+}
+
+/// Where an output is written until it is complete.
+fn partial_path(output: &Path) -> std::path::PathBuf {
+    let mut p = output.as_os_str().to_owned();
+    p.push(".partial");
+    p.into()
+}
+
+/// Tiles to encode under a plan.
+fn total_tiles(actions: &[Action]) -> usize {
+    actions.iter().map(|a| if let Action::Code { ic, oc, experts, .. } = a { ic / 16 * (oc / 16) * experts } else { 0 }).sum()
 }
 
 /// Quantizes `input` into `output`.
@@ -160,15 +234,9 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
         }
     }
 
-    let total_tiles: usize = actions
-        .iter()
-        .map(|a| if let Action::Code { ic, oc, experts, .. } = a { ic / 16 * (oc / 16) * experts } else { 0 })
-        .sum();
-    let mut partial = output.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = std::path::PathBuf::from(partial);
+    let partial = partial_path(output);
     let mut out = w.create(&partial)?;
-    let progress = Progress::start(total_tiles, opts.show_progress);
+    let progress = Progress::start(total_tiles(&actions), opts.show_progress);
     let result = (|| -> anyhow::Result<()> {
         for (t, a) in src.tensors().iter().zip(&actions) {
             let Action::Code { k, ic, oc, experts } = *a else {
@@ -177,51 +245,11 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
                 continue;
             };
             progress.set_label(&t.name);
-            let t0 = Instant::now();
-            let w = src.read_f32(t)?;
-            let (mut code, mut rin, mut rout) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut worst, mut worst_w) = (0f64, None::<f64>);
-            for e in 0..experts {
-                let imp = match &opts.imatrix {
-                    Some(m) => m.get(&t.name, e, ic)?,
-                    None => None,
-                };
-                if opts.imatrix.is_some() && imp.is_none() && e == 0 {
-                    report.no_importance.push(t.name.clone());
-                }
-                let lo = LayerOptions {
-                    k,
-                    threads: opts.threads,
-                    seed: tensor_seed(opts.seed, &t.name).wrapping_add(e as u64),
-                    importance: imp,
-                    progress: Some(&progress.tiles),
-                };
-                let name = if experts > 1 { format!("{} (expert {e})", t.name) } else { t.name.clone() };
-                let enc = encode_layer(&name, &w[e * ic * oc..(e + 1) * ic * oc], ic, oc, &lo).with_context(|| format!("coding {name}"))?;
-                worst = worst.max(enc.rel_error);
-                worst_w = enc.weighted_rel_error.map(|v| worst_w.map_or(v, |m| m.max(v)));
-                code.extend_from_slice(&enc.code);
-                rin.extend_from_slice(&enc.rin);
-                rout.extend_from_slice(&enc.rout);
-            }
+            let c = encode_tensor(&t.name, t.type_name(), &src.read_f32(t)?, (k, ic, oc, experts), opts, &progress, &mut report)?;
             let stem = plan::stem(&t.name);
-            out.write_tensor(&format!("{stem}.escha_code"), as_bytes(&code))?;
-            out.write_tensor(&format!("{stem}.escha_rin"), as_bytes(&rin))?;
-            out.write_tensor(&format!("{stem}.escha_rout"), as_bytes(&rout))?;
-            let bits = (code.len() * 16 + (rin.len() + rout.len()) * 16) as f64;
-            report.tiles += ic / 16 * (oc / 16) * experts;
-            report.coded.push(Coded {
-                name: t.name.clone(),
-                source_type: t.type_name(),
-                k,
-                ic,
-                oc,
-                experts,
-                bpw: bits / (ic * oc * experts) as f64,
-                rel_error: worst,
-                weighted_error: worst_w,
-                seconds: t0.elapsed().as_secs_f64(),
-            });
+            out.write_tensor(&format!("{stem}.escha_code"), as_bytes(&c.code))?;
+            out.write_tensor(&format!("{stem}.escha_rin"), as_bytes(&c.rin))?;
+            out.write_tensor(&format!("{stem}.escha_rout"), as_bytes(&c.rout))?;
         }
         out.finish()?;
         Ok(())
@@ -251,9 +279,10 @@ impl Report {
         use std::fmt::Write;
         let mut s = String::new();
         let wtd = self.coded.iter().any(|c| c.weighted_error.is_some());
+        let nw = self.coded.iter().map(|c| c.name.len()).max().unwrap_or(0).max(6);
         let _ = writeln!(
             s,
-            "{:<36} {:>6} {:>2} {:>13} {:>6} {:>8}{} {:>7}",
+            "{:<nw$} {:>6} {:>2} {:>13} {:>6} {:>8}{} {:>7}",
             "tensor",
             "from",
             "K",
@@ -270,7 +299,7 @@ impl Report {
                 (true, None) => format!("  {:>8}", "-"),
                 _ => String::new(),
             };
-            let _ = writeln!(s, "{:<36} {:>6} {:>2} {:>13} {:>6.3} {:>8.4}{we} {:>6.1}s", c.name, c.source_type, c.k, shape, c.bpw, c.rel_error, c.seconds);
+            let _ = writeln!(s, "{:<nw$} {:>6} {:>2} {:>13} {:>6.3} {:>8.4}{we} {:>6.1}s", c.name, c.source_type, c.k, shape, c.bpw, c.rel_error, c.seconds);
         }
         for (name, why) in &self.skipped {
             let _ = writeln!(s, "skipped (copied unchanged): {name}: {why}");

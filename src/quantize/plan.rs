@@ -16,6 +16,13 @@ pub const DEFAULT_K2: &[&str] = &["blk.*.attn_*.weight", "blk.*.ffn_*.weight", "
 /// Never coded by default: MoE routers stay exact.
 pub const DEFAULT_EXCLUDE: &[&str] = &["*.ffn_gate_inp*"];
 
+/// The same mix for HF checkpoint names (`model.layers.N.mlp.up_proj.weight`,
+/// fused experts `mlp.experts.gate_up_proj` / `down_proj` as `[E, OC, IC]`).
+pub const HF_K3: &[&str] = &["*layers.*.up_proj.weight", "*layers.*.down_proj.weight", "*layers.*.experts.down_proj", "*layers.*.experts.up_proj"];
+pub const HF_K2: &[&str] = &["*layers.*_proj.weight", "*layers.*.in_proj_*.weight", "*layers.*.experts.gate_up_proj", "*layers.*.experts.gate_proj"];
+/// Routers, gates, vision and MTP towers are not coded.
+pub const HF_EXCLUDE: &[&str] = &["*.mlp.gate.weight", "*shared_expert_gate*", "*visual*", "mtp.*"];
+
 /// `*` / `?` glob match.
 pub fn glob(pattern: &str, name: &str) -> bool {
     let (p, n) = (pattern.as_bytes(), name.as_bytes());
@@ -55,10 +62,16 @@ impl Default for Rules {
 }
 
 impl Rules {
-    /// User patterns replace the default K lists (given either list, only
-    /// the given patterns code anything); excludes add to the default.
-    pub fn from_args(k2: Vec<String>, k3: Vec<String>, exclude: Vec<String>) -> Self {
-        let mut r = Self::default();
+    /// The default mix for HF checkpoint names.
+    pub fn hf() -> Self {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        Self { k3: own(HF_K3), k2: own(HF_K2), exclude: own(HF_EXCLUDE) }
+    }
+
+    /// User patterns replace the default K lists of `base` (given either
+    /// list, only the given patterns code anything); excludes add to it.
+    pub fn with_args(base: Self, k2: Vec<String>, k3: Vec<String>, exclude: Vec<String>) -> Self {
+        let mut r = base;
         if !k2.is_empty() || !k3.is_empty() {
             r.k2 = k2;
             r.k3 = k3;
@@ -92,9 +105,10 @@ pub enum Action {
     Skip(String),
 }
 
-/// Decides the action for a tensor of ggml shape `ne` (`ne[0]` = IC).
+/// Decides the action for a tensor of ggml shape `ne` (`ne[0]` = IC):
+/// candidates are 2-D `*.weight` and 3-D expert stacks.
 pub fn action(rules: &Rules, name: &str, ne: &[i64; 4], n_dims: usize) -> Action {
-    if !name.ends_with(".weight") || !(2..=3).contains(&n_dims) {
+    if !(n_dims == 3 || (n_dims == 2 && name.ends_with(".weight"))) {
         return Action::Copy;
     }
     let Some(k) = rules.k_for(name) else { return Action::Copy };
@@ -141,7 +155,14 @@ mod tests {
         assert_eq!(action(&r, "blk.0.attn_norm.weight", &[640, 1, 1, 1], 1), Action::Copy);
         assert_eq!(action(&r, "token_embd.weight", &two(640, 262144), 2), Action::Copy);
         assert!(matches!(action(&r, "blk.0.attn_k.weight", &two(576, 192), 2), Action::Skip(s) if s.contains("576") && s.contains("192")));
-        let all2 = Rules::from_args(vec!["*".into()], vec![], vec!["blk.1.*".into()]);
+        let h = Rules::hf();
+        assert_eq!(h.k_for("model.layers.3.mlp.down_proj.weight"), Some(3));
+        assert_eq!(h.k_for("model.language_model.layers.3.linear_attn.in_proj_qkv.weight"), Some(2));
+        assert_eq!(h.k_for("model.layers.0.mlp.experts.gate_up_proj"), Some(2));
+        assert_eq!(h.k_for("model.layers.0.linear_attn.in_proj_z.weight"), Some(2));
+        assert_eq!(h.k_for("model.layers.0.mlp.gate.weight"), None);
+        assert_eq!(h.k_for("model.embed_tokens.weight"), None);
+        let all2 = Rules::with_args(Rules::default(), vec!["*".into()], vec![], vec!["blk.1.*".into()]);
         assert_eq!(all2.k_for("blk.0.ffn_up.weight"), Some(2));
         assert_eq!(all2.k_for("blk.1.ffn_up.weight"), None);
         assert_eq!(all2.k_for("blk.0.ffn_gate_inp.weight"), None);

@@ -9,6 +9,8 @@ use half::f16;
 #[allow(unused_imports)]
 pub use escha_ggml::testutil::RandomLinear as Problem;
 
+pub mod cli;
+
 /// The unnormalised 128-point Hadamard on each 128-block, in f64.
 pub fn h128_f64(v: &mut [f64]) {
     for blk in v.chunks_exact_mut(128) {

@@ -1,0 +1,143 @@
+//! An HF checkpoint directory (config.json + *.safetensors, f16/bf16/f32)
+//! to an Escha HF checkpoint directory with the leaf contract of
+//! `docs/FORMAT.md` §7, so converters can be tested on checkpoints made
+//! here. Coded prefix `P` (the weight name without `.weight`) gets
+//! `P.escha_code` I16 `[E?, IC/16, OC/16, 16K]`, `P.escha_rin` /
+//! `P.escha_rout` F16 and `P.escha_config` I32; everything else is copied,
+//! and `config.json` gains `quantization_config`.
+
+use super::plan::{self, Action};
+use super::progress::Progress;
+use super::{as_bytes, encode_tensor, partial_path, total_tiles, Options, Report};
+use crate::safetensors::{read_header, StTensor, StWriter};
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Instant;
+
+fn ggml_ne(shape: &[usize]) -> [i64; 4] {
+    let mut ne = [1i64; 4];
+    for (d, &n) in shape.iter().rev().enumerate().take(4) {
+        ne[d] = n as i64;
+    }
+    ne
+}
+
+/// Quantizes the checkpoint in `input` into the new directory `output`.
+pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let cfg_path = input.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&cfg_path).with_context(|| format!("{}: an HF checkpoint needs config.json", input.display()))?)
+        .with_context(|| format!("{} is not JSON", cfg_path.display()))?;
+    if let Some(m) = config.pointer("/quantization_config/quant_method").and_then(Value::as_str) {
+        bail!("{} is already quantized (quant_method {m})", input.display());
+    }
+    if output.exists() {
+        bail!("output directory {} already exists", output.display());
+    }
+    let mut files: Vec<_> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    let mut tensors: Vec<StTensor> = Vec::new();
+    for f in files.iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")) {
+        tensors.extend(read_header(f)?);
+    }
+    if tensors.is_empty() {
+        bail!("{}: no *.safetensors files", input.display());
+    }
+    let mut report = Report { in_bytes: tensors.iter().map(|t| t.size as u64).sum(), ..Report::default() };
+    let mut actions = Vec::new();
+    let mut ignore = Vec::new();
+    for t in &tensors {
+        if t.shape.len() > 4 {
+            bail!("tensor {}: rank {} is not supported", t.name, t.shape.len());
+        }
+        let a = plan::action(&opts.rules, &t.name, &ggml_ne(&t.shape), t.shape.len().max(1));
+        match &a {
+            Action::Code { .. } if !t.convertible() => {
+                bail!("tensor {}: dtype {} cannot be coded (F32, F16 or BF16 expected; exclude it with --exclude)", t.name, t.dtype)
+            }
+            Action::Skip(why) => report.skipped.push((t.name.clone(), why.clone())),
+            _ => {}
+        }
+        let candidate = t.shape.len() == 3 || (t.shape.len() == 2 && t.name.ends_with(".weight"));
+        if candidate && !matches!(a, Action::Code { .. }) && t.name.contains("proj") {
+            ignore.push(plan::stem(&t.name).to_string());
+        }
+        actions.push(a);
+    }
+    if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
+        bail!("no tensor of {} matches a coding rule with codable dims (see --k2/--k3)", input.display());
+    }
+
+    let mut w = StWriter::default();
+    w.metadata("format", "pt");
+    for (t, a) in tensors.iter().zip(&actions) {
+        match *a {
+            Action::Code { k, ic, oc, experts } => {
+                let p = plan::stem(&t.name);
+                let lead: Vec<usize> = if t.shape.len() == 3 { vec![experts] } else { vec![] };
+                let with = |v: &[usize]| [lead.as_slice(), v].concat();
+                w.add(&format!("{p}.escha_code"), "I16", &with(&[ic / 16, oc / 16, 16 * k]))?;
+                w.add(&format!("{p}.escha_rin"), "F16", &with(&[ic]))?;
+                w.add(&format!("{p}.escha_rout"), "F16", &with(&[oc]))?;
+                w.add(&format!("{p}.escha_config"), "I32", &[if lead.is_empty() { 6 } else { 9 }])?;
+            }
+            _ => w.add(&t.name, &t.dtype, &t.shape)?,
+        }
+    }
+    let partial = partial_path(output);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    std::fs::create_dir_all(&partial)?;
+    let progress = Progress::start(total_tiles(&actions), opts.show_progress);
+    let result = (|| -> anyhow::Result<()> {
+        let mut out = w.create(&partial.join("model.safetensors"))?;
+        let mut moe = false;
+        for (t, a) in tensors.iter().zip(&actions) {
+            let Action::Code { k, ic, oc, experts } = *a else {
+                out.write(&t.name, &t.read()?)?;
+                report.copied += 1;
+                continue;
+            };
+            progress.set_label(&t.name);
+            let c = encode_tensor(&t.name, t.dtype.to_lowercase(), &t.read_f32()?, (k, ic, oc, experts), opts, &progress, &mut report)?;
+            let p = plan::stem(&t.name);
+            let config: Vec<i32> = if t.shape.len() == 3 {
+                moe = true;
+                vec![16, k as i32, 2, 1, experts as i32, ic as i32, oc as i32, ic as i32, oc as i32]
+            } else {
+                vec![16, k as i32, 2, 1, ic as i32, oc as i32]
+            };
+            out.write(&format!("{p}.escha_code"), as_bytes(&c.code))?;
+            out.write(&format!("{p}.escha_rin"), as_bytes(&c.rin))?;
+            out.write(&format!("{p}.escha_rout"), as_bytes(&c.rout))?;
+            out.write(&format!("{p}.escha_config"), as_bytes(&config))?;
+        }
+        out.finish()?;
+        config["quantization_config"] = json!({
+            "quant_method": if moe { "eschamoe" } else { "escha" },
+            "format_version": "2.0",
+            "ignore": ignore,
+        });
+        std::fs::write(partial.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+        // Tokenizer and other side files travel unchanged.
+        for f in &files {
+            let name = f.file_name().unwrap_or_default().to_string_lossy();
+            let skip = f.extension().is_some_and(|e| e == "safetensors") || name == "config.json" || name == "model.safetensors.index.json";
+            if f.is_file() && !skip {
+                std::fs::copy(f, partial.join(&*name))?;
+            }
+        }
+        Ok(())
+    })();
+    progress.finish();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))?;
+    report.out_bytes = std::fs::metadata(output.join("model.safetensors"))?.len();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}

@@ -1,0 +1,176 @@
+//! HF safetensors files: a reader over one or more files of a checkpoint
+//! directory and a streaming writer (8-byte little-endian header length,
+//! JSON header with `dtype`, `shape`, `data_offsets`, then the data).
+
+use half::{bf16, f16};
+use serde_json::{json, Map, Value};
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// One tensor of a safetensors file.
+#[derive(Clone, Debug)]
+pub struct StTensor {
+    pub name: String,
+    /// safetensors dtype name (`F16`, `BF16`, `F32`, `I16`, …).
+    pub dtype: String,
+    /// NumPy order (outermost first).
+    pub shape: Vec<usize>,
+    pub file: PathBuf,
+    /// Absolute byte offset in `file`.
+    pub offset: u64,
+    pub size: usize,
+}
+
+pub fn dtype_size(dtype: &str) -> Option<usize> {
+    Some(match dtype {
+        "F64" | "I64" | "U64" => 8,
+        "F32" | "I32" | "U32" => 4,
+        "F16" | "BF16" | "I16" | "U16" => 2,
+        "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
+        _ => return None,
+    })
+}
+
+fn bad(path: &Path, detail: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{}: {detail}", path.display())
+}
+
+/// Reads the header of one safetensors file and checks every tensor's
+/// extent against the file.
+pub fn read_header(path: &Path) -> anyhow::Result<Vec<StTensor>> {
+    let mut f = File::open(path).map_err(|e| bad(path, e))?;
+    let len = f.metadata()?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(|_| bad(path, "shorter than a safetensors header"))?;
+    let n = u64::from_le_bytes(n);
+    if n > len.saturating_sub(8) || n > 100 << 20 {
+        return Err(bad(path, format!("header length {n} does not fit the file ({len} bytes)")));
+    }
+    let mut h = vec![0u8; n as usize];
+    f.read_exact(&mut h)?;
+    let v: Value = serde_json::from_slice(&h).map_err(|e| bad(path, format!("header is not JSON: {e}")))?;
+    let Value::Object(m) = v else { return Err(bad(path, "header is not a JSON object")) };
+    let base = 8 + n;
+    let mut out = Vec::new();
+    for (name, e) in m {
+        if name == "__metadata__" {
+            continue;
+        }
+        let field = |k: &str| e.get(k).ok_or_else(|| bad(path, format!("tensor {name}: no {k}")));
+        let dtype = field("dtype")?.as_str().ok_or_else(|| bad(path, format!("tensor {name}: dtype not a string")))?.to_string();
+        let shape: Vec<usize> = field("shape")?
+            .as_array()
+            .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .ok_or_else(|| bad(path, format!("tensor {name}: bad shape")))?;
+        let offs: Vec<u64> = field("data_offsets")?
+            .as_array()
+            .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
+            .filter(|v: &Vec<u64>| v.len() == 2 && v[0] <= v[1])
+            .ok_or_else(|| bad(path, format!("tensor {name}: bad data_offsets")))?;
+        let es = dtype_size(&dtype).ok_or_else(|| bad(path, format!("tensor {name}: unknown dtype {dtype}")))?;
+        let size = (offs[1] - offs[0]) as usize;
+        if size != es * shape.iter().product::<usize>() {
+            return Err(bad(path, format!("tensor {name}: {size} bytes for shape {shape:?} of {dtype}")));
+        }
+        if base + offs[1] > len {
+            return Err(bad(path, format!("tensor {name}: data ends at {} but the file has {len} bytes (truncated?)", base + offs[1])));
+        }
+        out.push(StTensor { name, dtype, shape, file: path.to_path_buf(), offset: base + offs[0], size });
+    }
+    out.sort_by_key(|t| t.offset);
+    Ok(out)
+}
+
+impl StTensor {
+    pub fn read(&self) -> anyhow::Result<Vec<u8>> {
+        let mut f = File::open(&self.file)?;
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut b = vec![0u8; self.size];
+        f.read_exact(&mut b).map_err(|e| bad(&self.file, format!("tensor {}: {e}", self.name)))?;
+        Ok(b)
+    }
+
+    pub fn convertible(&self) -> bool {
+        matches!(self.dtype.as_str(), "F32" | "F16" | "BF16")
+    }
+
+    pub fn read_f32(&self) -> anyhow::Result<Vec<f32>> {
+        let b = self.read()?;
+        Ok(match self.dtype.as_str() {
+            "F32" => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            "F16" => b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            "BF16" => b.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            d => anyhow::bail!("tensor {}: dtype {d} cannot be converted to f32", self.name),
+        })
+    }
+}
+
+/// Declares tensors, then streams their data in declaration order.
+#[derive(Default)]
+pub struct StWriter {
+    entries: Vec<(String, String, Vec<usize>, usize)>,
+    metadata: Map<String, Value>,
+}
+
+impl StWriter {
+    pub fn add(&mut self, name: &str, dtype: &str, shape: &[usize]) -> anyhow::Result<()> {
+        let es = dtype_size(dtype).ok_or_else(|| anyhow::anyhow!("tensor {name}: unknown dtype {dtype}"))?;
+        if self.entries.iter().any(|e| e.0 == name) {
+            anyhow::bail!("tensor {name} declared twice");
+        }
+        self.entries.push((name.into(), dtype.into(), shape.to_vec(), es * shape.iter().product::<usize>()));
+        Ok(())
+    }
+
+    pub fn metadata(&mut self, key: &str, value: &str) {
+        self.metadata.insert(key.into(), Value::String(value.into()));
+    }
+
+    pub fn create(self, path: &Path) -> anyhow::Result<StStream> {
+        let mut header = Map::new();
+        if !self.metadata.is_empty() {
+            header.insert("__metadata__".into(), Value::Object(self.metadata));
+        }
+        let mut off = 0usize;
+        for (name, dtype, shape, size) in &self.entries {
+            header.insert(name.clone(), json!({ "dtype": dtype, "shape": shape, "data_offsets": [off, off + size] }));
+            off += size;
+        }
+        let mut h = serde_json::to_vec(&Value::Object(header))?;
+        // Data starts 8-byte aligned; the format pads the header with spaces.
+        while h.len() % 8 != 0 {
+            h.push(b' ');
+        }
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(path).map_err(|e| bad(path, e))?);
+        out.write_all(&(h.len() as u64).to_le_bytes())?;
+        out.write_all(&h)?;
+        Ok(StStream { out, entries: self.entries.into_iter().map(|e| (e.0, e.3)).collect(), next: 0 })
+    }
+}
+
+pub struct StStream {
+    out: BufWriter<File>,
+    entries: Vec<(String, usize)>,
+    next: usize,
+}
+
+impl StStream {
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        match self.entries.get(self.next) {
+            Some((n, s)) if n == name && *s == bytes.len() => {}
+            other => anyhow::bail!("tensor {name} ({} bytes) written out of order; expected {other:?}", bytes.len()),
+        }
+        self.out.write_all(bytes)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> anyhow::Result<()> {
+        if let Some((n, _)) = self.entries.get(self.next) {
+            anyhow::bail!("tensor {n} declared but never written");
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}

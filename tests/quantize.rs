@@ -1,0 +1,346 @@
+//! `escha quantize` end to end on small GGUFs written here through ggml's
+//! GGUF API: the output follows the tensor contract, copies everything it
+//! does not code byte for byte, and its codes decode (through the contract)
+//! back to the source weights within the error it reports.
+#![cfg(feature = "ggml")]
+
+mod common;
+
+use common::cli::{escha, TempDir};
+use escha_ggml::encode::effective_weight;
+use escha_ggml::gguf::{GgmlType, GgufFile, GgufWriter};
+use escha_ggml::testutil::Rng;
+use escha_ggml::LinearShape;
+use half::f16;
+
+/// A source tensor: name, type, ne, bytes.
+struct Src {
+    name: &'static str,
+    ty: GgmlType,
+    ne: Vec<i64>,
+    bytes: Vec<u8>,
+}
+
+fn f16_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> Src {
+    let b = v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+    Src { name, ty: GgmlType::GGML_TYPE_F16, ne: ne.to_vec(), bytes: b }
+}
+
+fn f32_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> Src {
+    Src { name, ty: GgmlType::GGML_TYPE_F32, ne: ne.to_vec(), bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+}
+
+/// Q8_0 written by hand (f16 scale + 32 int8 per block), and its exact values.
+fn q8_0_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> (Src, Vec<f32>) {
+    let (mut b, mut exact) = (Vec::new(), Vec::new());
+    for blk in v.chunks_exact(32) {
+        let amax = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = f16::from_f32(amax / 127.0);
+        b.extend(d.to_le_bytes());
+        for &x in blk {
+            let q = (x / d.to_f32()).round().clamp(-127.0, 127.0) as i8;
+            b.push(q as u8);
+            exact.push(q as f32 * d.to_f32());
+        }
+    }
+    (Src { name, ty: GgmlType::GGML_TYPE_Q8_0, ne: ne.to_vec(), bytes: b }, exact)
+}
+
+fn write_gguf(path: &str, tensors: &[Src]) {
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", "llama");
+    w.set_str("general.name", "escha-quantize-test");
+    w.set_u32("llama.block_count", 1);
+    for t in tensors {
+        w.add_tensor(t.name, t.ty, &t.ne).unwrap();
+    }
+    let mut s = w.create(path).unwrap();
+    for t in tensors {
+        s.write_tensor(t.name, &t.bytes).unwrap();
+    }
+    s.finish().unwrap();
+}
+
+fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| scale * rng.normal()).collect()
+}
+
+/// Widened f16 values as the file holds them.
+fn via_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn f16s(bytes: &[u8]) -> Vec<f16> {
+    bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect()
+}
+
+#[test]
+fn quantize_writes_the_contract_and_reproduces_the_weights() {
+    let d = TempDir::new("quant");
+    let mut rng = Rng::new(7);
+    let q = random(&mut rng, 128 * 256, 0.02); // attn_q: IC 256, OC 128
+    let up = random(&mut rng, 256 * 128, 0.03); // ffn_up: IC 128, OC 256
+    let (down_src, down) = q8_0_tensor("blk.0.ffn_down.weight", &[256, 128], &random(&mut rng, 128 * 256, 0.03));
+    let odd = random(&mut rng, 200 * 128, 0.02);
+    let norm = random(&mut rng, 128, 1.0);
+    let emb = random(&mut rng, 128 * 256, 1.0);
+    let src = vec![
+        f32_tensor("token_embd.weight", &[128, 256], &emb),
+        f32_tensor("blk.0.attn_norm.weight", &[128], &norm),
+        f16_tensor("blk.0.attn_q.weight", &[256, 128], &q),
+        f16_tensor("blk.0.attn_k.weight", &[200, 128], &odd),
+        f32_tensor("blk.0.ffn_up.weight", &[128, 256], &up),
+        down_src,
+    ];
+    let (input, output) = (d.file("in.gguf"), d.file("out.gguf"));
+    write_gguf(&input, &src);
+    let o = escha(&["quantize", &input, &output, "--threads", "2"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    eprintln!("{}", o.stdout);
+
+    let f = GgufFile::open(&output).unwrap();
+    assert_eq!(f.get_u32("escha.format_version").unwrap(), Some(2));
+    assert_eq!(f.get_u32("escha.codebook").unwrap(), Some(1));
+    assert_eq!(f.get_str("general.name").unwrap().as_deref(), Some("escha-quantize-test"));
+    assert_eq!(f.get_u32("llama.block_count").unwrap(), Some(1));
+    assert!(f.get_u32("general.file_type").unwrap().is_some(), "explicit file type");
+    // Not coded: copied byte for byte, in order.
+    for s in &src[..2] {
+        let t = f.tensor(s.name).unwrap_or_else(|| panic!("{} missing", s.name));
+        assert_eq!(f.read(t).unwrap(), s.bytes, "{}", s.name);
+    }
+    let k_odd = f.tensor("blk.0.attn_k.weight").expect("dims not multiples of 128: copied");
+    assert_eq!(f.read(k_odd).unwrap(), src[3].bytes);
+    assert!(o.stdout.contains("skipped") && o.stdout.contains("blk.0.attn_k.weight") && o.stdout.contains("200"), "{}", o.stdout);
+    // Coded: the default mix (up/down K=3, attn K=2), no .weight left.
+    for (stem, k, ic, oc, want) in [("blk.0.attn_q", 2usize, 256usize, 128usize, via_f16(&q)), ("blk.0.ffn_up", 3, 128, 256, up.clone()), ("blk.0.ffn_down", 3, 256, 128, down.clone())] {
+        assert!(f.tensor(&format!("{stem}.weight")).is_none(), "{stem}.weight must be gone");
+        let code_t = f.tensor(&format!("{stem}.escha_code")).unwrap();
+        assert_eq!(code_t.ty, GgmlType::GGML_TYPE_I16);
+        assert_eq!(code_t.ne, [16 * k as i64, oc as i64 / 16, ic as i64 / 16, 1], "{stem}");
+        let (rin_t, rout_t) = (f.tensor(&format!("{stem}.escha_rin")).unwrap(), f.tensor(&format!("{stem}.escha_rout")).unwrap());
+        assert_eq!((rin_t.ty, rin_t.ne), (GgmlType::GGML_TYPE_F16, [ic as i64, 1, 1, 1]));
+        assert_eq!((rout_t.ty, rout_t.ne), (GgmlType::GGML_TYPE_F16, [oc as i64, 1, 1, 1]));
+        let code: Vec<i16> = f.read(code_t).unwrap().chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+        let (rin, rout) = (f16s(&f.read(rin_t).unwrap()), f16s(&f.read(rout_t).unwrap()));
+        let shape = LinearShape::new(stem, k, ic, oc).unwrap();
+        let err = rel_err(&effective_weight(&code, shape, &rin, &rout), &want);
+        eprintln!("{stem}: K={k} rel err of the decoded weight {err:.4}");
+        // The tile MSE bars (0.070 / 0.019) give about 0.26 / 0.14.
+        assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{stem}: {err}");
+        // The table reports the same error.
+        let line = o.stdout.lines().find(|l| l.starts_with(&format!("{stem}.weight"))).expect("table row");
+        assert!(line.contains(&format!("{err:.4}")), "{line} vs {err:.4}");
+    }
+    // Same input, same seed: the same file.
+    let again = d.file("again.gguf");
+    assert_eq!(escha(&["quantize", &input, &again, "--no-progress"]).code, 0);
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&output).unwrap());
+    // Quantizing an escha file is refused.
+    let o = escha(&["quantize", &output, &d.file("x.gguf")]);
+    assert!(o.code == 1 && o.stderr.contains("already an Escha GGUF"), "{}", o.stderr);
+}
+
+#[test]
+fn quantize_rejects_bad_input_with_named_errors() {
+    let d = TempDir::new("quantbad");
+    let mut rng = Rng::new(9);
+    let w = random(&mut rng, 128 * 128, 0.02);
+    // Missing file.
+    let o = escha(&["quantize", &d.file("nope.gguf"), &d.file("o.gguf")]);
+    assert!(o.code == 1 && o.stderr.contains("nope.gguf"), "{}", o.stderr);
+    // Not a GGUF.
+    std::fs::write(d.file("junk.gguf"), b"definitely not gguf").unwrap();
+    let o = escha(&["quantize", &d.file("junk.gguf"), &d.file("o.gguf")]);
+    assert!(o.code == 1 && o.stderr.contains("junk.gguf"), "{}", o.stderr);
+    // Truncated: the last tensor's data is cut off.
+    let good = d.file("good.gguf");
+    write_gguf(&good, &[f16_tensor("blk.0.attn_q.weight", &[128, 128], &w), f16_tensor("blk.0.attn_v.weight", &[128, 128], &w)]);
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(d.file("cut.gguf"), &bytes[..bytes.len() - 1000]).unwrap();
+    let o = escha(&["quantize", &d.file("cut.gguf"), &d.file("o.gguf")]);
+    assert!(o.code == 1 && (o.stderr.contains("blk.0.attn_v.weight") || o.stderr.contains("cut.gguf")), "{}", o.stderr);
+    assert!(!std::path::Path::new(&d.file("o.gguf")).exists(), "no output after an error");
+    // A matched tensor of a type that has no f32 conversion.
+    let ints = Src { name: "blk.0.attn_q.weight", ty: GgmlType::GGML_TYPE_I32, ne: vec![128, 128], bytes: vec![0; 128 * 128 * 4] };
+    write_gguf(&d.file("int.gguf"), &[ints]);
+    let o = escha(&["quantize", &d.file("int.gguf"), &d.file("o.gguf")]);
+    assert!(o.code == 1 && o.stderr.contains("blk.0.attn_q.weight") && o.stderr.contains("i32"), "{}", o.stderr);
+    // NaN in a weight names the tensor.
+    let mut nan = w.clone();
+    nan[300] = f32::NAN;
+    write_gguf(&d.file("nan.gguf"), &[f32_tensor("blk.0.attn_q.weight", &[128, 128], &nan)]);
+    let o = escha(&["quantize", &d.file("nan.gguf"), &d.file("o.gguf"), "--no-progress"]);
+    assert!(o.code == 1 && o.stderr.contains("blk.0.attn_q.weight") && o.stderr.contains("300"), "{}", o.stderr);
+    assert!(!std::path::Path::new(&d.file("o.gguf.partial")).exists(), "partial output removed");
+    // Nothing codable.
+    write_gguf(&d.file("odd.gguf"), &[f16_tensor("blk.0.attn_q.weight", &[200, 128], &random(&mut rng, 200 * 128, 0.02))]);
+    let o = escha(&["quantize", &d.file("odd.gguf"), &d.file("o.gguf")]);
+    assert!(o.code == 1 && o.stderr.contains("no tensor"), "{}", o.stderr);
+    // Output onto the input.
+    let o = escha(&["quantize", &good, &good]);
+    assert!(o.code == 1 && o.stderr.contains("is the input"), "{}", o.stderr);
+    // Command-line mistakes exit 2.
+    assert_eq!(escha(&["quantize", &good]).code, 2);
+    assert_eq!(escha(&["quantize", &good, &d.file("o.gguf"), "--threads", "many"]).code, 2);
+}
+
+#[test]
+fn quantize_patterns_and_imatrix() {
+    let d = TempDir::new("quantpat");
+    let mut rng = Rng::new(13);
+    let a = random(&mut rng, 128 * 128, 0.02);
+    let b = random(&mut rng, 128 * 128, 0.02);
+    let input = d.file("in.gguf");
+    write_gguf(&input, &[f16_tensor("blk.0.attn_q.weight", &[128, 128], &a), f16_tensor("blk.0.ffn_up.weight", &[128, 128], &b)]);
+    // --k3 on attn only: ffn_up is then copied (user patterns replace the mix).
+    let out = d.file("k3.gguf");
+    let o = escha(&["quantize", &input, &out, "--k3", "*.attn_q.weight", "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(f.tensor("blk.0.attn_q.escha_code").unwrap().ne[0], 48);
+    assert!(f.tensor("blk.0.ffn_up.weight").is_some() && f.tensor("blk.0.ffn_up.escha_code").is_none());
+    // A legacy imatrix for attn_q steers it (its table gets a weighted error).
+    let mut im = Vec::new();
+    im.extend(1i32.to_le_bytes());
+    let name = b"blk.0.attn_q.weight";
+    im.extend((name.len() as i32).to_le_bytes());
+    im.extend(name);
+    im.extend(1i32.to_le_bytes());
+    im.extend(128i32.to_le_bytes());
+    for i in 0..128 {
+        im.extend((1.0f32 + 100.0 * (i % 7 == 0) as i32 as f32).to_le_bytes());
+    }
+    std::fs::write(d.file("im.dat"), &im).unwrap();
+    let o = escha(&["quantize", &input, &d.file("im.gguf"), "--imatrix", &d.file("im.dat"), "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.contains("imat err"), "{}", o.stdout);
+    assert!(o.stdout.contains("no imatrix entry (coded without importance): blk.0.ffn_up.weight"), "{}", o.stdout);
+    // A truncated imatrix is an error naming the file.
+    std::fs::write(d.file("bad.dat"), &im[..im.len() - 10]).unwrap();
+    let o = escha(&["quantize", &input, &d.file("x.gguf"), "--imatrix", &d.file("bad.dat")]);
+    assert!(o.code == 1 && o.stderr.contains("bad.dat") && o.stderr.contains("truncated"), "{}", o.stderr);
+}
+
+/// A safetensors file written by hand (independent of the crate's writer).
+fn write_safetensors(path: &std::path::Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = String::from("{");
+    let mut off = 0;
+    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
+        let sep = if i > 0 { "," } else { "" };
+        header += &format!("{sep}\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + bytes.len());
+        off += bytes.len();
+    }
+    header += "}";
+    let mut f = (header.len() as u64).to_le_bytes().to_vec();
+    f.extend(header.as_bytes());
+    for t in tensors {
+        f.extend(&t.3);
+    }
+    std::fs::write(path, f).unwrap();
+}
+
+#[test]
+fn quantize_writes_an_escha_hf_checkpoint() {
+    use escha_ggml::safetensors::read_header;
+    use escha_ggml::validate::{validate_leaves, Leaf, LeafDtype};
+    use std::collections::BTreeMap;
+    let d = TempDir::new("quanthf");
+    let mut rng = Rng::new(17);
+    let (input, output) = (d.0.join("in"), d.0.join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let q = random(&mut rng, 256 * 128, 0.02); // [OC 256, IC 128]
+    let down = random(&mut rng, 128 * 256, 0.02); // [OC 128, IC 256]
+    let experts = random(&mut rng, 2 * 256 * 128, 0.02); // [E 2, OC 256, IC 128]
+    let bf = |v: &[f32]| v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect::<Vec<u8>>();
+    let h = |v: &[f32]| v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect::<Vec<u8>>();
+    let f = |v: &[f32]| v.iter().flat_map(|&x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let norm = random(&mut rng, 128, 1.0);
+    let a_proj = random(&mut rng, 48 * 128, 0.02);
+    let router = random(&mut rng, 2 * 128, 0.02);
+    let src = vec![
+        ("model.embed_tokens.weight", "F16", vec![64, 128], h(&random(&mut rng, 64 * 128, 1.0))),
+        ("model.layers.0.input_layernorm.weight", "F32", vec![128], f(&norm)),
+        ("model.layers.0.linear_attn.in_proj_a.weight", "F16", vec![48, 128], h(&a_proj)),
+        ("model.layers.0.mlp.down_proj.weight", "BF16", vec![128, 256], bf(&down)),
+        ("model.layers.0.mlp.experts.gate_up_proj", "F32", vec![2, 256, 128], f(&experts)),
+        ("model.layers.0.mlp.gate.weight", "F16", vec![2, 128], h(&router)),
+        ("model.layers.0.self_attn.q_proj.weight", "F16", vec![256, 128], h(&q)),
+    ];
+    write_safetensors(&input.join("model.safetensors"), &src);
+    std::fs::write(input.join("config.json"), r#"{"model_type": "qwen3_5_moe", "hidden_size": 128}"#).unwrap();
+    std::fs::write(input.join("tokenizer.json"), "{\"tok\": 1}").unwrap();
+    let o = escha(&["quantize", input.to_str().unwrap(), output.to_str().unwrap(), "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    eprintln!("{}", o.stdout);
+
+    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(output.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "qwen3_5_moe");
+    assert_eq!(cfg["quantization_config"]["quant_method"], "eschamoe");
+    assert_eq!(cfg["quantization_config"]["format_version"], "2.0");
+    assert_eq!(cfg["quantization_config"]["ignore"], serde_json::json!(["model.layers.0.linear_attn.in_proj_a"]));
+    assert_eq!(std::fs::read(output.join("tokenizer.json")).unwrap(), b"{\"tok\": 1}");
+    assert!(o.stdout.contains("skipped") && o.stdout.contains("in_proj_a"), "{}", o.stdout);
+
+    let tensors = read_header(&output.join("model.safetensors")).unwrap();
+    let get = |n: &str| tensors.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n} missing"));
+    for (name, _, _, bytes) in &src {
+        if !name.contains("down_proj") && !name.contains("gate_up_proj") && !name.contains("q_proj") {
+            assert_eq!(&get(name).read().unwrap(), bytes, "{name} copied");
+        }
+    }
+    // Each coded prefix passes the crate's own leaf validation and decodes
+    // back to its source weight.
+    let dt = |s: &str| match s {
+        "I16" => LeafDtype::I16,
+        "F16" => LeafDtype::F16,
+        "F32" => LeafDtype::F32,
+        "I32" => LeafDtype::I32,
+        _ => LeafDtype::Other,
+    };
+    for (prefix, k, ic, oc, e, want) in [
+        ("model.layers.0.self_attn.q_proj", 2usize, 128usize, 256usize, 1usize, via_f16(&q)),
+        ("model.layers.0.mlp.down_proj", 3, 256, 128, 1, down.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()),
+        ("model.layers.0.mlp.experts.gate_up_proj", 2, 128, 256, 2, experts.clone()),
+    ] {
+        assert!(tensors.iter().all(|t| t.name != format!("{prefix}.weight") && t.name != prefix), "{prefix}: source leaf must be gone");
+        let mut leaves = BTreeMap::new();
+        for leaf in ["escha_code", "escha_rin", "escha_rout", "escha_config"] {
+            let t = get(&format!("{prefix}.{leaf}"));
+            let ints = (leaf == "escha_config").then(|| t.read().unwrap().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect());
+            leaves.insert(leaf.to_string(), Leaf { dtype: dt(&t.dtype), shape: t.shape.iter().map(|&n| n as i64).collect(), ints });
+        }
+        let v = validate_leaves(prefix, &leaves).unwrap_or_else(|err| panic!("{prefix}: {err}"));
+        assert_eq!((v.shape.k, v.shape.ic, v.shape.oc, v.experts.unwrap_or(1)), (k, ic, oc, e), "{prefix}");
+        let code: Vec<i16> = get(&format!("{prefix}.escha_code")).read().unwrap().chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+        let rin = f16s(&get(&format!("{prefix}.escha_rin")).read().unwrap());
+        let rout = f16s(&get(&format!("{prefix}.escha_rout")).read().unwrap());
+        let shape = LinearShape::new(prefix, k, ic, oc).unwrap();
+        for x in 0..e {
+            let n = ic * oc;
+            let got = effective_weight(&code[x * shape.code_len()..(x + 1) * shape.code_len()], shape, &rin[x * ic..(x + 1) * ic], &rout[x * oc..(x + 1) * oc]);
+            let err = rel_err(&got, &want[x * n..(x + 1) * n]);
+            eprintln!("{prefix} expert {x}: K={k} rel err {err:.4}");
+            assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{prefix} expert {x}: {err}");
+        }
+    }
+    // An existing output directory is not overwritten; an escha checkpoint is refused.
+    let o = escha(&["quantize", input.to_str().unwrap(), output.to_str().unwrap()]);
+    assert!(o.code == 1 && o.stderr.contains("already exists"), "{}", o.stderr);
+    let o = escha(&["quantize", output.to_str().unwrap(), d.file("again").as_str()]);
+    assert!(o.code == 1 && o.stderr.contains("already quantized"), "{}", o.stderr);
+    // A truncated safetensors file names the tensor.
+    let bad = d.0.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::copy(input.join("config.json"), bad.join("config.json")).unwrap();
+    let full = std::fs::read(input.join("model.safetensors")).unwrap();
+    std::fs::write(bad.join("model.safetensors"), &full[..full.len() - 100]).unwrap();
+    let o = escha(&["quantize", bad.to_str().unwrap(), d.file("o").as_str()]);
+    assert!(o.code == 1 && o.stderr.contains("q_proj") && o.stderr.contains("truncated"), "{}", o.stderr);
+}
