@@ -278,6 +278,13 @@ impl GgufWriter {
         unsafe { sys::gguf_set_kv(self.ctx, src.ctx) };
     }
 
+    /// Removes a key (copied from a source) if present.
+    pub fn remove_key(&mut self, key: &str) {
+        let c = cstring(key);
+        // SAFETY: live context, valid C string.
+        unsafe { sys::gguf_remove_key(self.ctx, c.as_ptr()) };
+    }
+
     pub fn set_u32(&mut self, key: &str, v: u32) {
         let c = cstring(key);
         // SAFETY: live context, valid C string (gguf replaces an existing key).

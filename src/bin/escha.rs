@@ -51,6 +51,10 @@ usage:
       are never coded. --imatrix: a llama-imatrix file (GGUF or legacy .dat).
       e.g. escha quantize model-f16.gguf model-escha.gguf --imatrix imatrix.gguf
 
+  escha decode IN.gguf OUT.gguf
+      The reverse for checking: every coded weight of an Escha GGUF becomes
+      <stem>.weight F32 holding its decoded effective weight.
+
   escha help | --help
       This text.
 
@@ -107,7 +111,8 @@ fn run(argv: Vec<OsString>) -> Result<ExitCode> {
         "linear" => cmd_linear(&Args::parse(&LINEAR, rest)?),
         "info" => cmd_info(&Args::parse(&INFO, rest)?),
         "quantize" => cmd_quantize(&Args::parse(&QUANTIZE, rest)?),
-        other => usage(format!("unknown subcommand {other:?} (expected reconstruct, linear, info, quantize or help)")),
+        "decode" => cmd_decode(&Args::parse(&DECODE, rest)?),
+        other => usage(format!("unknown subcommand {other:?} (expected reconstruct, linear, info, quantize, decode or help)")),
     }
 }
 
@@ -145,6 +150,8 @@ const LINEAR: Spec = Spec {
 };
 
 const INFO: Spec = Spec { name: "info", values: &["--ic", "--oc", "--rin", "--rout"], switches: &[], positional: &["CODE.i16"], repeatable: &[] };
+
+const DECODE: Spec = Spec { name: "decode", values: &[], switches: &[], positional: &["IN.gguf", "OUT.gguf"], repeatable: &[] };
 
 const QUANTIZE: Spec = Spec {
     name: "quantize",
@@ -513,4 +520,17 @@ fn cmd_quantize(a: &Args) -> Result<ExitCode> {
 #[cfg(not(feature = "ggml"))]
 fn cmd_quantize(_: &Args) -> Result<ExitCode> {
     bail!("quantize: this build has no GGUF support (build with the default `ggml` feature)")
+}
+
+#[cfg(feature = "ggml")]
+fn cmd_decode(a: &Args) -> Result<ExitCode> {
+    let (input, output) = (Path::new(&a.positional[0]), Path::new(&a.positional[1]));
+    let n = escha_ggml::quantize::decode::decode_gguf(input, output)?;
+    println!("decoded {n} coded weights into {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "ggml"))]
+fn cmd_decode(_: &Args) -> Result<ExitCode> {
+    bail!("decode: this build has no GGUF support (build with the default `ggml` feature)")
 }

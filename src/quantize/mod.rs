@@ -10,6 +10,7 @@
 //! Output is streamed tensor by tensor into `OUT.partial` and renamed when
 //! complete, so a failed run never leaves a plausible-looking file.
 
+pub mod decode;
 pub mod hf;
 pub mod imatrix;
 pub mod plan;

@@ -1,0 +1,52 @@
+// Escha-W2 in llama.cpp's model loader and graph builders. Hooked in by
+// patches/0005-llama-escha.patch; all logic lives in llama-escha.cpp.
+//
+// A GGUF stem that carries `<stem>.escha_code` (and sidecars) instead of
+// `<stem>.weight` (docs/FORMAT.md §8) is loaded as a coded weight: the code
+// tensor stands in for the weight in the model's layer struct, and every
+// projection multiply (build_lora_mm / build_lora_mm_id) on it becomes
+// GGML_OP_ESCHA_LINEAR / GGML_OP_ESCHA_MOE.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <initializer_list>
+
+struct llama_model;
+struct llama_model_base;
+struct llama_model_loader;
+struct LLM_TN_IMPL;
+
+struct llama_escha_weight {
+    ggml_tensor * code;
+    ggml_tensor * rin;
+    ggml_tensor * rout;
+    ggml_tensor * s_in;  // optional
+    ggml_tensor * s_out; // optional
+};
+
+// The llama_model_base::create_tensor hook. Returns false when `tn` is not a
+// coded weight (the caller creates it as usual). Otherwise creates and
+// validates the escha tensors, stores the code tensor in *out (nullptr when
+// the caller asked to skip it) and returns true. Throws std::runtime_error
+// naming the tensor for incomplete or inconsistent escha tensors.
+bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml, const LLM_TN_IMPL & tn,
+                               std::initializer_list<int64_t> ne, int flags, ggml_tensor ** out);
+
+// The coded weight whose code tensor is `w`, or nullptr.
+const llama_escha_weight * llama_escha_find(const ggml_tensor * w);
+
+// Drops the registrations of a model being freed.
+void llama_escha_forget(const llama_model * model);
+
+// Placement: the op a tensor with this suffix is probed with (code: the
+// escha op of the weight's op; sidecars: GGML_OP_ADD).
+ggml_op llama_escha_placement_op(const char * suffix, ggml_op weight_op);
+
+// A dummy escha op on `code` for supports_op probing (n_used experts, 512 tokens).
+ggml_tensor * llama_escha_probe(ggml_context * ctx, ggml_tensor * code, ggml_op op, int n_used);
+
+// ggml_mul_mat / ggml_mul_mat_id, or the escha op when `w` is a coded weight.
+ggml_tensor * llama_escha_mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+ggml_tensor * llama_escha_mul_mat_id(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids);
