@@ -13,8 +13,9 @@
 # own decoded weights (`escha decode`) to mean KLD < 1e-4 with identical
 # greedy tokens (negative control: the F32 model against itself, KLD at the
 # 1e-6 floor of llama-perplexity's 16-bit log-prob file),
-# llama-perplexity must run, and llama-server must answer /completion and
-# /v1/chat/completions.
+# llama-perplexity must run, llama-server must answer /completion and
+# /v1/chat/completions, and broken escha tensors (missing, misshapen,
+# unknown, wrong K, wrong dims) must stop the load with the tensor named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,10 +37,8 @@ bin=target/release/llama.cpp-bin
 escha=target/release/escha
 threads=$(nproc)
 
-if [ ! -x "$bin/llama-cli" ] || [ ! -x "$escha" ]; then
-    log "building escha and the patched llama.cpp tools"
-    cargo build --release --features tools
-fi
+log "building escha and the patched llama.cpp tools (a no-op when up to date)"
+cargo build --release --features tools --bins --example gguf_edit
 
 q4="$cache/gemma-3-270m-q4_k_m.gguf"
 if [ ! -f "$q4" ]; then
@@ -157,5 +156,24 @@ echo "mean KLD: decoded vs itself $self, escha vs decoded $coded"
 python3 -c "import sys; s, c = float('$self'), float('$coded'); sys.exit(0 if s < 1e-5 and c < 1e-4 else 1)" \
     || fail "KLD bounds: self $self (want < 1e-5), escha $coded (want < 1e-4)"
 ppl -m "$model" -f "$text" | grep "Final estimate" || fail "llama-perplexity on the escha model"
+
+log "check: incomplete or inconsistent escha tensors fail to load, naming the tensor"
+edit=target/release/examples/gguf_edit
+bad="$cache/broken.gguf"
+q=blk.0.attn_q
+refuse() { # WANT EDIT-ARGS...: the edited model must fail to load with WANT in the message
+    local want=$1; shift
+    "$edit" "$model" "$bad" "$@"
+    local out rc=0
+    out=$("$bin/llama-cli" -m "$bad" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) || rc=$?
+    [ $rc -ne 0 ] && grep -qF -- "$want" <<<"$out" || { grep -i error <<<"$out" | head -3; fail "$* loaded or did not name $want (rc $rc)"; }
+    echo "refused ($*): $(grep -o "error loading model: .*" <<<"$out" | head -1)"
+}
+refuse "$q.escha_rin" --drop "$q.escha_rin"
+refuse "$q.escha_rout" --resize "$q.escha_rout" 512
+refuse "$q.escha_bogus" --add "$q.escha_bogus" f32 4
+refuse "$q.escha_code: ne[0] = 64" --resize "$q.escha_code" 64,64,40
+refuse "$q.escha_code: codes a weight" --resize "$q.escha_code" 32,32,40
+rm -f "$bad"
 
 echo "gemma checks passed"
