@@ -7,7 +7,7 @@
 //! kernels as a static library for ggml-cpu, builds ggml (shared libraries)
 //! and `test-backend-ops` with CMake, generates the raw bindings, and links
 //! the crate against that ggml. The `tools` feature also builds llama-cli,
-//! llama-server, llama-bench, llama-perplexity and llama-quantize.
+//! llama-server, llama-bench, llama-perplexity, llama-quantize and llama-imatrix.
 //!
 //! The tree comes from `ESCHA_LLAMA_CPP_DIR` (a checkout at the pinned
 //! commit) or from the `llama-cpp-python==0.3.36` source distribution on
@@ -81,7 +81,7 @@ mod ggml {
     const TREE_IN_SDIST: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp";
     /// The parts of the tree the build needs.
     const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
-    const TOOLS: [&str; 5] = ["llama-cli", "llama-server", "llama-bench", "llama-perplexity", "llama-quantize"];
+    const TOOLS: [&str; 6] = ["llama-cli", "llama-server", "llama-bench", "llama-perplexity", "llama-quantize", "llama-imatrix"];
 
     pub fn build() {
         for v in ["ESCHA_LLAMA_CPP_DIR", "ESCHA_CACHE_DIR"] {

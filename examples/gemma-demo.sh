@@ -15,7 +15,8 @@
 # 1e-6 floor of llama-perplexity's 16-bit log-prob file),
 # llama-perplexity must run, llama-server must answer /completion and
 # /v1/chat/completions, and broken escha tensors (missing, misshapen,
-# unknown, wrong K, wrong dims) must stop the load with the tensor named.
+# unknown, wrong K, wrong dims, NaN or infinite scales) must stop the load
+# with the tensor named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -174,6 +175,8 @@ refuse "$q.escha_rout" --resize "$q.escha_rout" 512
 refuse "$q.escha_bogus" --add "$q.escha_bogus" f32 4
 refuse "$q.escha_code: ne[0] = 64" --resize "$q.escha_code" 64,64,40
 refuse "$q.escha_code: codes a weight" --resize "$q.escha_code" 32,32,40
+refuse "$q.escha_rin: non-finite value nan at index 3" --set "$q.escha_rin" 3 nan
+refuse "$q.escha_rout: non-finite value inf at index 7" --set "$q.escha_rout" 7 inf
 rm -f "$bad"
 
 echo "gemma checks passed"

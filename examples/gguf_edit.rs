@@ -4,9 +4,11 @@
 //! ```sh
 //! cargo run --release --example gguf_edit -- IN.gguf OUT.gguf \
 //!     [--drop NAME]... [--resize NAME NE0,NE1,..]... [--add NAME TYPE NE0,..]...
+//!     [--set NAME INDEX VALUE]...
 //! ```
 //! `--resize` replaces a tensor by zeros of the same type and a new shape;
-//! `--add` appends a zero tensor (`TYPE`: f32, f16 or i16).
+//! `--add` appends a zero tensor (`TYPE`: f32, f16 or i16); `--set` writes
+//! one element of an f32 / f16 tensor (`nan` and `inf` parse).
 use escha_ggml::gguf::{row_bytes, GgmlType, GgufFile, GgufWriter};
 
 fn shape(s: &str) -> Vec<i64> {
@@ -17,7 +19,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     anyhow::ensure!(args.len() >= 2, "usage: gguf_edit IN.gguf OUT.gguf [--drop NAME] [--resize NAME NE] [--add NAME TYPE NE]");
     let src = GgufFile::open(&args[0])?;
-    let (mut drop, mut resize, mut add) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut drop, mut resize, mut add, mut set) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut i = 2;
     while i < args.len() {
         match args[i].as_str() {
@@ -31,6 +33,12 @@ fn main() -> anyhow::Result<()> {
                     t => anyhow::bail!("--add: unknown type {t}"),
                 };
                 add.push((args[i + 1].clone(), ty, shape(&args[i + 3])));
+                i += 4;
+            }
+            "--set" => {
+                let idx: usize = args[i + 2].parse()?;
+                let v: f32 = args[i + 3].parse()?;
+                set.push((args[i + 1].clone(), idx, v));
                 i += 4;
             }
             a => anyhow::bail!("unknown argument {a}"),
@@ -61,7 +69,18 @@ fn main() -> anyhow::Result<()> {
     for (name, zeros) in plan {
         match zeros {
             Some(z) => out.write_tensor(&name, &z)?,
-            None => out.write_tensor(&name, &src.read(src.tensor(&name).unwrap())?)?,
+            None => {
+                let t = src.tensor(&name).unwrap();
+                let mut bytes = src.read(t)?;
+                for (_, idx, v) in set.iter().filter(|s| s.0 == name) {
+                    match t.ty {
+                        GgmlType::GGML_TYPE_F32 => bytes[4 * idx..4 * idx + 4].copy_from_slice(&v.to_le_bytes()),
+                        GgmlType::GGML_TYPE_F16 => bytes[2 * idx..2 * idx + 2].copy_from_slice(&half::f16::from_f32(*v).to_le_bytes()),
+                        _ => anyhow::bail!("--set: {name} is not f32 or f16"),
+                    }
+                }
+                out.write_tensor(&name, &bytes)?
+            }
         }
     }
     out.finish()?;

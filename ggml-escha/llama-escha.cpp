@@ -6,6 +6,11 @@
 #include "llama-model-loader.h"
 #include "llama-model.h"
 
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <vector>
+
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -122,6 +127,34 @@ const llama_escha_weight * llama_escha_find(const ggml_tensor * w) {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_weights.find(w);
     return it == g_weights.end() ? nullptr : &it->second.w;
+}
+
+void llama_escha_check_values(const llama_model * model) {
+    std::vector<const ggml_tensor *> vecs;
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        for (const auto & [code, reg] : g_weights) {
+            if (reg.model == model) {
+                for (const ggml_tensor * t : { reg.w.rin, reg.w.rout, reg.w.s_in, reg.w.s_out }) {
+                    if (t != nullptr && t->buffer != nullptr) { // no buffer: a metadata-only pass
+                        vecs.push_back(t);
+                    }
+                }
+            }
+        }
+    }
+    std::vector<uint8_t> raw;
+    for (const ggml_tensor * t : vecs) {
+        raw.resize(ggml_nbytes(t));
+        ggml_backend_tensor_get(t, raw.data(), 0, raw.size());
+        const int64_t n = ggml_nelements(t);
+        for (int64_t i = 0; i < n; i++) {
+            const float v = t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(((const ggml_fp16_t *) raw.data())[i]) : ((const float *) raw.data())[i];
+            if (!std::isfinite(v)) {
+                throw std::runtime_error(format("%s: non-finite value %f at index %lld", ggml_get_name(t), v, (long long) i));
+            }
+        }
+    }
 }
 
 void llama_escha_forget(const llama_model * model) {

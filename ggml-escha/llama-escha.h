@@ -37,6 +37,10 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
 // The coded weight whose code tensor is `w`, or nullptr.
 const llama_escha_weight * llama_escha_find(const ggml_tensor * w);
 
+// After the data is loaded: throws, naming the tensor, if a scale vector
+// (rin, rout, s_in, s_out) of the model holds NaN or infinity.
+void llama_escha_check_values(const llama_model * model);
+
 // Drops the registrations of a model being freed.
 void llama_escha_forget(const llama_model * model);
 
