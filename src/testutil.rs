@@ -42,6 +42,21 @@ impl Rng {
     }
 }
 
+/// A llama.cpp legacy `.dat` importance matrix: per entry (weight name,
+/// ncall, values), the values stored as given (llama-imatrix stores
+/// mean * ncall).
+pub fn legacy_imatrix(entries: &[(&str, i32, &[f32])]) -> Vec<u8> {
+    let mut b = (entries.len() as i32).to_le_bytes().to_vec();
+    for (name, ncall, values) in entries {
+        b.extend((name.len() as i32).to_le_bytes());
+        b.extend(name.as_bytes());
+        b.extend(ncall.to_le_bytes());
+        b.extend((values.len() as i32).to_le_bytes());
+        values.iter().for_each(|v| b.extend(v.to_le_bytes()));
+    }
+    b
+}
+
 /// Owned data of one random dense linear (rin/rout with random signs and
 /// magnitudes around real exports', optional s_in/s_out near 1, an
 /// f16-valued bias).

@@ -207,16 +207,8 @@ fn quantize_patterns_and_imatrix() {
     assert_eq!(f.tensor("blk.0.attn_q.escha_code").unwrap().ne[0], 48);
     assert!(f.tensor("blk.0.ffn_up.weight").is_some() && f.tensor("blk.0.ffn_up.escha_code").is_none());
     // A legacy imatrix for attn_q steers it (its table gets a weighted error).
-    let mut im = Vec::new();
-    im.extend(1i32.to_le_bytes());
-    let name = b"blk.0.attn_q.weight";
-    im.extend((name.len() as i32).to_le_bytes());
-    im.extend(name);
-    im.extend(1i32.to_le_bytes());
-    im.extend(128i32.to_le_bytes());
-    for i in 0..128 {
-        im.extend((1.0f32 + 100.0 * (i % 7 == 0) as i32 as f32).to_le_bytes());
-    }
+    let values: Vec<f32> = (0..128).map(|i| 1.0 + 100.0 * (i % 7 == 0) as i32 as f32).collect();
+    let im = escha_ggml::testutil::legacy_imatrix(&[("blk.0.attn_q.weight", 1, &values)]);
     std::fs::write(d.file("im.dat"), &im).unwrap();
     let o = escha(&["quantize", &input, &d.file("im.gguf"), "--imatrix", &d.file("im.dat"), "--no-progress"]);
     assert_eq!(o.code, 0, "{}", o.stderr);

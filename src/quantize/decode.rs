@@ -60,19 +60,23 @@ pub fn decode_gguf(input: &Path, output: &Path) -> anyhow::Result<usize> {
         let s_out = leaf(&src, stem, "escha_s_out").map(|ti| src.read_f32(ti)).transpose()?;
         crate::validate::check_len(stem, "rin", rin.len(), ic * e)?;
         crate::validate::check_len(stem, "rout", rout.len(), oc * e)?;
+        // Per-channel scales: one vector per expert, or one shared by all.
+        let per_expert = |what: &'static str, v: &Option<Vec<f32>>, n: usize| -> anyhow::Result<()> {
+            match v {
+                Some(v) if v.len() != n && v.len() != n * e => Err(crate::EschaError::BadLength { tensor: stem.into(), what, got: v.len(), expected: n * e }.into()),
+                _ => Ok(()),
+            }
+        };
+        per_expert("s_in", &s_in, ic)?;
+        per_expert("s_out", &s_out, oc)?;
+        let slice = |v: &Option<Vec<f32>>, n: usize, x: usize| v.as_ref().map(|v| if v.len() == n { v.clone() } else { v[x * n..(x + 1) * n].to_vec() });
         let mut weights = Vec::with_capacity(ic * oc * e);
         for x in 0..e {
             let mut we = effective_weight(&code[x * shape.code_len()..(x + 1) * shape.code_len()], shape, &rin[x * ic..(x + 1) * ic], &rout[x * oc..(x + 1) * oc]);
-            // Per-channel scales (one shared vector or one per expert).
-            let pick = |v: &Option<Vec<f32>>, n: usize| v.as_ref().map(|v| if v.len() == n { v.clone() } else { v[x * n..(x + 1) * n].to_vec() });
-            if let (Some(si), so) = (pick(&s_in, ic), pick(&s_out, oc)) {
-                for row in we.chunks_exact_mut(ic) {
-                    row.iter_mut().zip(&si).for_each(|(a, b)| *a *= b);
-                }
-                if let Some(so) = so {
-                    we.chunks_exact_mut(ic).zip(&so).for_each(|(row, b)| row.iter_mut().for_each(|a| *a *= b));
-                }
-            } else if let Some(so) = pick(&s_out, oc) {
+            if let Some(si) = slice(&s_in, ic, x) {
+                we.chunks_exact_mut(ic).for_each(|row| row.iter_mut().zip(&si).for_each(|(a, b)| *a *= b));
+            }
+            if let Some(so) = slice(&s_out, oc, x) {
                 we.chunks_exact_mut(ic).zip(&so).for_each(|(row, b)| row.iter_mut().for_each(|a| *a *= b));
             }
             weights.extend(we);

@@ -8,7 +8,7 @@
 
 use super::plan::{self, Action};
 use super::progress::Progress;
-use super::{as_bytes, encode_tensor, partial_path, total_tiles, Options, Report};
+use super::{as_bytes, commit_partial, encode_tensor, partial_path, require_codes, total_tiles, Options, Report};
 use crate::safetensors::{read_header, StTensor, StWriter};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
@@ -59,15 +59,12 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
             Action::Skip(why) => report.skipped.push((t.name.clone(), why.clone())),
             _ => {}
         }
-        let candidate = t.shape.len() == 3 || (t.shape.len() == 2 && t.name.ends_with(".weight"));
-        if candidate && !matches!(a, Action::Code { .. }) && t.name.contains("proj") {
+        if plan::is_candidate(&t.name, t.shape.len()) && !matches!(a, Action::Code { .. }) && t.name.contains("proj") {
             ignore.push(plan::stem(&t.name).to_string());
         }
         actions.push(a);
     }
-    if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
-        bail!("no tensor of {} matches a coding rule with codable dims (see --k2/--k3)", input.display());
-    }
+    require_codes(&actions, input)?;
 
     let mut w = StWriter::default();
     w.metadata("format", "pt");
@@ -132,11 +129,7 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
         Ok(())
     })();
     progress.finish();
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&partial);
-        return Err(e);
-    }
-    std::fs::rename(&partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))?;
+    commit_partial(result, &partial, output)?;
     report.out_bytes = std::fs::metadata(output.join("model.safetensors"))?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

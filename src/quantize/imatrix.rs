@@ -119,16 +119,8 @@ mod tests {
 
     #[test]
     fn legacy_roundtrip_and_truncation() {
-        let mut b = Vec::new();
-        b.extend(1i32.to_le_bytes());
-        let name = b"blk.0.ffn_up.weight";
-        b.extend((name.len() as i32).to_le_bytes());
-        b.extend(name);
-        b.extend(4i32.to_le_bytes());
-        b.extend(256i32.to_le_bytes());
-        for i in 0..256 {
-            b.extend((4.0f32 * i as f32).to_le_bytes());
-        }
+        let values: Vec<f32> = (0..256).map(|i| 4.0 * i as f32).collect();
+        let b = crate::testutil::legacy_imatrix(&[("blk.0.ffn_up.weight", 4, &values)]);
         let p = Path::new("x.dat");
         let m = Imatrix::parse_legacy(p, &b).unwrap();
         let v = m.get("blk.0.ffn_up.weight", 0, 128).unwrap().unwrap();

@@ -176,6 +176,25 @@ fn partial_path(output: &Path) -> std::path::PathBuf {
     p.into()
 }
 
+/// A plan must code something; otherwise the rules or the file are wrong.
+fn require_codes(actions: &[Action], input: &Path) -> anyhow::Result<()> {
+    if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
+        bail!("no tensor of {} matches a coding rule with codable dims (see --k2/--k3)", input.display());
+    }
+    Ok(())
+}
+
+/// Ends a run that wrote into `partial` (a file or a directory): on success
+/// it becomes `output`, on failure it is removed so nothing half-written
+/// is left looking like a result.
+fn commit_partial(result: anyhow::Result<()>, partial: &Path, output: &Path) -> anyhow::Result<()> {
+    if let Err(e) = result {
+        let _ = if partial.is_dir() { std::fs::remove_dir_all(partial) } else { std::fs::remove_file(partial) };
+        return Err(e);
+    }
+    std::fs::rename(partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))
+}
+
 /// Tiles to encode under a plan.
 fn total_tiles(actions: &[Action]) -> usize {
     actions.iter().map(|a| if let Action::Code { ic, oc, experts, .. } = a { ic / 16 * (oc / 16) * experts } else { 0 }).sum()
@@ -206,9 +225,7 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
         }
         actions.push(a);
     }
-    if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
-        bail!("no tensor of {} matches a coding rule with codable dims (see --k2/--k3)", input.display());
-    }
+    require_codes(&actions, input)?;
 
     let mut w = GgufWriter::new();
     w.copy_kv(&src);
@@ -256,11 +273,7 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
         Ok(())
     })();
     progress.finish();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
-    std::fs::rename(&partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))?;
+    commit_partial(result, &partial, output)?;
     report.out_bytes = std::fs::metadata(output)?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

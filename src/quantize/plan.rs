@@ -105,10 +105,15 @@ pub enum Action {
     Skip(String),
 }
 
-/// Decides the action for a tensor of ggml shape `ne` (`ne[0]` = IC):
-/// candidates are 2-D `*.weight` and 3-D expert stacks.
+/// Whether a tensor could be a coded weight at all: a 2-D `*.weight` or a
+/// 3-D expert stack.
+pub fn is_candidate(name: &str, n_dims: usize) -> bool {
+    n_dims == 3 || (n_dims == 2 && name.ends_with(".weight"))
+}
+
+/// Decides the action for a tensor of ggml shape `ne` (`ne[0]` = IC).
 pub fn action(rules: &Rules, name: &str, ne: &[i64; 4], n_dims: usize) -> Action {
-    if !(n_dims == 3 || (n_dims == 2 && name.ends_with(".weight"))) {
+    if !is_candidate(name, n_dims) {
         return Action::Copy;
     }
     let Some(k) = rules.k_for(name) else { return Action::Copy };
