@@ -17,8 +17,34 @@
 
 fn main() {
     build_c_reference();
+    println!("cargo:rustc-check-cfg=cfg(escha_metal_shim)");
+    #[cfg(feature = "ggml")]
+    build_metal_shim();
     #[cfg(feature = "ggml")]
     ggml::build();
+}
+
+/// The Metal kernels (`metal/escha.metal`) compiled as C++ through the shim
+/// header, with the executor that runs them on the CPU (`tests/metal_shim.rs`).
+/// Only with the `ggml` feature: the CPU-kernel staticlib and cross builds
+/// (no target C++ compiler) leave it out.
+#[cfg(feature = "ggml")]
+fn build_metal_shim() {
+    for f in ["metal/escha.metal", "metal/escha-metal-args.h", "metal/escha-metal-plan.h", "metal/shim/metal-shim.h", "metal/shim/executor.cpp"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file("metal/shim/executor.cpp")
+        .std("c++17")
+        // Metal's `fp contract(off)` in escha.metal, mirrored.
+        .flag_if_supported("-ffp-contract=off")
+        // Metal attributes ([[buffer(0)]], ...) and loop pragmas mean nothing to a C++ compiler.
+        .flag_if_supported("-Wno-attributes")
+        .flag_if_supported("-Wno-unknown-pragmas")
+        .warnings(true)
+        .compile("escha_metal_shim");
+    println!("cargo:rustc-cfg=escha_metal_shim");
 }
 
 fn build_c_reference() {
@@ -264,6 +290,18 @@ mod ggml {
             if path.is_file() {
                 println!("cargo:rerun-if-changed={}", path.display());
                 write_if_changed(&tree.join("ggml/src/ggml-escha").join(path.file_name().unwrap()), &std::fs::read(&path).unwrap());
+            }
+        }
+        // The CUDA/HIP kernels join ggml-cuda's sources (its CMake, and
+        // ggml-hip's, glob ggml-cuda/*.cu; patch 0006 hooks them in).
+        let gpu = manifest_dir().join("hip");
+        println!("cargo:rerun-if-changed={}", gpu.display());
+        for entry in std::fs::read_dir(&gpu).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if path.is_file() && (name.ends_with(".cu") || name.ends_with(".cuh")) {
+                println!("cargo:rerun-if-changed={}", path.display());
+                write_if_changed(&tree.join("ggml/src/ggml-cuda").join(&name), &std::fs::read(&path).unwrap());
             }
         }
         tree

@@ -1,0 +1,454 @@
+//! The Metal kernels (metal/escha.metal), compiled as C++ through
+//! metal/shim/metal-shim.h and executed threadgroup by threadgroup by the
+//! fiber executor (metal/shim/executor.cpp), against the C reference: the
+//! same cases as test-backend-ops (K = 2/3, rectangular multi-block shapes,
+//! batches 1/17/33, MoE with prune masks, broadcast and per-slot inputs),
+//! plus the host-side plan (kernels, grids, argument struct, scratch) that
+//! ggml-metal encodes. Built with the `ggml` feature (build.rs).
+#![cfg(escha_metal_shim)]
+
+mod common;
+
+use common::{order_bound, Problem};
+use escha_ggml::reference::Linear;
+use escha_ggml::testutil::Rng;
+use escha_ggml::{cref, LinearShape};
+use half::f16;
+
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+struct Args {
+    k: i32,
+    ic: i32,
+    oc: i32,
+    nrows: i32,
+    ne11: i32,
+    ne12: i32,
+    nb11: u64,
+    nb12: u64,
+    nb13: u64,
+    n_used: i32,
+    n_expert: i32,
+    nbi1: u64,
+    code_es: u64,
+    rin_es: i32,
+    rout_es: i32,
+    s_in_es: i32,
+    s_out_es: i32,
+    bias_es: i32,
+    has_s_in: i32,
+    has_s_out: i32,
+    has_bias: i32,
+    slot_cap: i32,
+}
+
+extern "C" {
+    fn escha_metal_shim_plan(
+        moe: i32, k: i32, ic: i64, oc: i64, n_expert: i64, rows: i64, n_used: i64, nx: i64, path: i32, out: *mut i64,
+        names: *mut u8, scratch: *mut u64, args: *mut Args,
+    ) -> i32;
+    fn escha_metal_shim_linear(
+        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, ne11: i64, ne12: i64, nb11: u64, nb12: u64,
+        rin: *const u16, rout: *const u16, s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32,
+    ) -> i32;
+    fn escha_metal_shim_moe(
+        k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
+        ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
+        s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32, path: i32,
+    ) -> i32;
+    fn escha_metal_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
+}
+
+const AUTO: i32 = -1;
+const GEMV: i32 = 0;
+const PREFILL: i32 = 1;
+
+fn opt<T>(v: Option<&[T]>) -> *const T {
+    v.map_or(std::ptr::null(), |v| v.as_ptr())
+}
+
+fn f16_ptr(v: &[f16]) -> *const u16 {
+    v.as_ptr() as *const u16
+}
+
+/// Worst |diff| and |diff|/bound of one comparison, and how many outputs are bit-identical.
+#[derive(Default)]
+struct Stats {
+    max_diff: f64,
+    max_ratio: f64,
+    exact: usize,
+    total: usize,
+}
+
+/// Checks `got` against the reference `want` within the summation-order
+/// bound, and pruned channels (rout == 0) for exact zeros (or the exact bias).
+fn check(what: &str, got: &[f32], want: &[f16], bound: &[f64], pruned_value: impl Fn(usize) -> Option<f32>) -> Stats {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut st = Stats { total: got.len(), ..Default::default() };
+    for (i, ((&g, w), &b)) in got.iter().zip(want).zip(bound).enumerate() {
+        let w = w.to_f32();
+        assert!(!g.is_nan() && !w.is_nan(), "{what}[{i}]: NaN (got {g}, reference {w})");
+        assert_eq!(g, f16::from_f32(g).to_f32(), "{what}[{i}]: {g} is not an f16 value");
+        let d = (g as f64 - w as f64).abs();
+        assert!(d <= b, "{what}[{i}]: got {g}, reference {w}, |diff| {d:e} > bound {b:e}");
+        if let Some(p) = pruned_value(i) {
+            // Exactly zero (or exactly the bias), with the reference's sign of zero.
+            assert!(g == p && g.to_bits() == w.to_bits(), "{what}[{i}]: pruned channel must be exactly {w:?}, got {g:?}");
+        }
+        st.max_diff = st.max_diff.max(d);
+        st.max_ratio = st.max_ratio.max(d / b);
+        st.exact += (g.to_bits() == w.to_bits()) as usize;
+    }
+    eprintln!(
+        "{what}: max |diff| {:.3e}, max |diff|/bound {:.3}, bit-identical {}/{}",
+        st.max_diff, st.max_ratio, st.exact, st.total
+    );
+    st
+}
+
+fn summarize(name: &str, all: &[Stats]) {
+    let n: usize = all.iter().map(|s| s.total).sum();
+    let exact: usize = all.iter().map(|s| s.exact).sum();
+    let md = all.iter().map(|s| s.max_diff).fold(0.0, f64::max);
+    let mr = all.iter().map(|s| s.max_ratio).fold(0.0, f64::max);
+    eprintln!("{name}: {} cases, {n} outputs, max |diff| {md:.3e}, max |diff|/bound {mr:.3}, bit-identical {exact}/{n}", all.len());
+}
+
+/// A dense problem with prune masks on every 5th output channel.
+fn dense_problem(seed: u64, k: usize, ic: usize, oc: usize, scales: bool, bias: bool) -> Problem {
+    let mut p = Problem::new(seed, k, ic, oc, scales, bias);
+    for (i, r) in p.rout.iter_mut().enumerate() {
+        if i % 5 == 2 {
+            *r = f16::ZERO;
+        }
+    }
+    p
+}
+
+/// y of the dense kernels; x rows at row stride `ld` (>= ic) in `ne12` groups of `ne11`.
+fn run_dense(p: &Problem, x: &[f32], ne11: usize, ne12: usize, ld: usize, path: i32) -> Vec<f32> {
+    let (ic, oc) = (p.shape.ic, p.shape.oc);
+    assert!(x.len() >= ld * ne11 * ne12);
+    let mut y = vec![f32::NAN; ne11 * ne12 * oc];
+    let rc = unsafe {
+        escha_metal_shim_linear(
+            p.shape.k as i32, ic as i64, oc as i64, p.code.as_ptr(), x.as_ptr(), ne11 as i64, ne12 as i64,
+            (ld * 4) as u64, (ld * 4 * ne11) as u64, f16_ptr(&p.rin), f16_ptr(&p.rout), opt(p.s_in.as_deref()),
+            opt(p.s_out.as_deref()), opt(p.bias.as_deref()), y.as_mut_ptr(), path,
+        )
+    };
+    assert_eq!(rc, 0, "the plan rejected a valid dense shape");
+    y
+}
+
+fn dense_case(p: &Problem, m: usize, path: i32, seed: u64) -> Stats {
+    let (ic, oc) = (p.shape.ic, p.shape.oc);
+    let x = p.input(seed, m);
+    let got = run_dense(p, &x, m, 1, ic, path);
+    let l = p.linear();
+    let want = cref::linear(&l, &x, m).unwrap();
+    let bound = order_bound(&l, &x, m);
+    let what = format!(
+        "linear K={} {}x{} m={m} path={path} scales={} bias={}",
+        p.shape.k, ic, oc, p.s_in.is_some(), p.bias.is_some()
+    );
+    check(&what, &got, &want, &bound, |i| (p.rout[i % oc] == f16::ZERO).then(|| p.bias.as_ref().map_or(0.0, |b| b[i % oc])))
+}
+
+#[test]
+fn decode_kernel_is_bit_exact() {
+    for k in [2, 3] {
+        for (ic, oc) in [(256, 384), (384, 256)] {
+            let p = Problem::new(100 + k as u64, k, ic, oc, false, false);
+            let mut w = vec![0u16; ic * oc];
+            assert_eq!(unsafe { escha_metal_shim_decode(k as i32, ic as i64, oc as i64, p.code.as_ptr(), w.as_mut_ptr()) }, 0);
+            let want = cref::reconstruct(&p.code, LinearShape::new("t", k, ic, oc).unwrap());
+            let bad = w.iter().zip(&want).filter(|(a, b)| **a != b.to_bits()).count();
+            assert_eq!(bad, 0, "K={k} {ic}x{oc}: {bad} decoded weights differ from the C reference");
+        }
+    }
+}
+
+#[test]
+fn dense_matches_reference() {
+    let mut all = Vec::new();
+    for k in [2, 3] {
+        for (ic, oc) in [(256, 384), (384, 256), (128, 128)] {
+            let p = dense_problem(7 * k as u64 + ic as u64, k, ic, oc, true, true);
+            for m in [1, 17, 33] {
+                all.push(dense_case(&p, m, AUTO, 1000 + m as u64));
+            }
+            // The other kernel for the same batches: GEMV for 17 rows, prefill for one.
+            all.push(dense_case(&p, 17, GEMV, 2017));
+            all.push(dense_case(&p, 1, PREFILL, 2001));
+            let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
+            all.push(dense_case(&p, 2, AUTO, 3002));
+            let p = dense_problem(13 * k as u64 + oc as u64, k, ic, oc, true, false);
+            all.push(dense_case(&p, 5, AUTO, 3005));
+        }
+    }
+    summarize("dense", &all);
+}
+
+/// x as a strided 3-D tensor (rows padded, ne11 x ne12): the kernels must
+/// follow nb11/nb12, as for a view.
+#[test]
+fn dense_follows_input_strides() {
+    for path in [GEMV, PREFILL] {
+        let p = dense_problem(77, 2, 256, 384, true, true);
+        let (ic, ne11, ne12, ld) = (256, 5, 3, 256 + 40);
+        let m = ne11 * ne12;
+        let mut rng = Rng::new(5);
+        let xs: Vec<f32> = (0..m * ld).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+        let dense: Vec<f32> = (0..m).flat_map(|r| xs[r * ld..r * ld + ic].to_vec()).collect();
+        let got = run_dense(&p, &xs, ne11, ne12, ld, path);
+        let l = p.linear();
+        check(
+            &format!("strided x path={path}"),
+            &got,
+            &cref::linear(&l, &dense, m).unwrap(),
+            &order_bound(&l, &dense, m),
+            |_| None,
+        );
+    }
+}
+
+/// Expert-stacked data with prune masks; s_in/s_out/bias with `rows` rows (1 = shared).
+struct MoeData {
+    k: usize,
+    e: usize,
+    ic: usize,
+    oc: usize,
+    code: Vec<i16>,
+    rin: Vec<f16>,
+    rout: Vec<f16>,
+    s_in: Option<Vec<f32>>,
+    s_out: Option<Vec<f32>>,
+    bias: Option<Vec<f32>>,
+    vec_rows: usize,
+}
+
+impl MoeData {
+    fn new(seed: u64, k: usize, e: usize, ic: usize, oc: usize, scales: bool, shared: bool) -> Self {
+        let mut rng = Rng::new(seed);
+        let rows = if shared { 1 } else { e };
+        let mut rout = rng.f16s(e * oc, 0.02, 0.01);
+        for (i, v) in rout.iter_mut().enumerate() {
+            if i % 5 == 2 {
+                *v = f16::ZERO; // prune masks, as in MoE gate_up exports
+            }
+        }
+        MoeData {
+            k,
+            e,
+            ic,
+            oc,
+            code: rng.code(e * (ic / 16) * (oc / 16) * 16 * k),
+            rin: rng.f16s(e * ic, 0.0, 1.0),
+            rout,
+            s_in: scales.then(|| rng.f32s(rows * ic, 1.0, 0.02)),
+            s_out: scales.then(|| rng.f32s(rows * oc, 1.0, 0.02)),
+            bias: scales.then(|| rng.f16s(rows * oc, 0.0, 0.05).into_iter().map(f16::to_f32).collect()),
+            vec_rows: rows,
+        }
+    }
+
+    /// Expert e as a dense linear (the reference of one slot).
+    fn expert(&self, e: usize) -> Linear<'_> {
+        let n = (self.ic / 16) * (self.oc / 16) * 16 * self.k;
+        let shared = self.vec_rows == 1;
+        fn row(v: &Option<Vec<f32>>, shared: bool, e: usize, n: usize) -> Option<&[f32]> {
+            v.as_ref().map(|v| if shared { &v[..] } else { &v[e * n..(e + 1) * n] })
+        }
+        Linear {
+            name: "expert",
+            shape: LinearShape::new("expert", self.k, self.ic, self.oc).unwrap(),
+            code: &self.code[e * n..(e + 1) * n],
+            rin: &self.rin[e * self.ic..(e + 1) * self.ic],
+            rout: &self.rout[e * self.oc..(e + 1) * self.oc],
+            s_in: row(&self.s_in, shared, e, self.ic),
+            s_out: row(&self.s_out, shared, e, self.oc),
+            bias: row(&self.bias, shared, e, self.oc),
+        }
+    }
+}
+
+struct Route {
+    t: usize,
+    n_used: usize,
+    nx: usize,
+    stride: usize, // int32 per token row of ids (a view of a wider argsort)
+    ids: Vec<i32>,
+}
+
+/// Distinct experts per token, as top-k routing gives; `stride` >= n_used.
+fn route(seed: u64, t: usize, n_used: usize, nx: usize, e: usize, stride: usize) -> Route {
+    let mut rng = Rng::new(seed);
+    let mut ids = vec![-7i32; t * stride];
+    for tok in 0..t {
+        let mut perm: Vec<i32> = (0..e as i32).collect();
+        for i in (1..e).rev() {
+            perm.swap(i, rng.next_u32() as usize % (i + 1));
+        }
+        ids[tok * stride..tok * stride + n_used].copy_from_slice(&perm[..n_used]);
+    }
+    Route { t, n_used, nx, stride, ids }
+}
+
+fn run_moe(d: &MoeData, x: &[f32], r: &Route, path: i32) -> Vec<f32> {
+    let mut y = vec![f32::NAN; r.t * r.n_used * d.oc];
+    let rows = d.vec_rows as i64;
+    let rc = unsafe {
+        escha_metal_shim_moe(
+            d.k as i32, d.e as i64, d.ic as i64, d.oc as i64, d.code.as_ptr(), x.as_ptr(), r.nx as i64, r.ids.as_ptr(),
+            r.stride as i64, r.n_used as i64, r.t as i64, f16_ptr(&d.rin), f16_ptr(&d.rout), opt(d.s_in.as_deref()), rows,
+            opt(d.s_out.as_deref()), rows, opt(d.bias.as_deref()), rows, y.as_mut_ptr(), path,
+        )
+    };
+    assert_eq!(rc, 0, "the plan rejected a valid MoE shape");
+    y
+}
+
+fn moe_case(d: &MoeData, r: &Route, path: i32, seed: u64) -> Stats {
+    let x = Rng::new(seed).f32s(r.t * r.nx * d.ic, 0.0, 1.0);
+    let got = run_moe(d, &x, r, path);
+    let (mut want, mut bound, mut pruned) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..r.t {
+        for u in 0..r.n_used {
+            let e = r.ids[t * r.stride + u] as usize;
+            let xr = &x[(t * r.nx + u % r.nx) * d.ic..][..d.ic];
+            let l = d.expert(e);
+            want.extend(cref::linear(&l, xr, 1).unwrap());
+            bound.extend(order_bound(&l, xr, 1));
+            pruned.extend((0..d.oc).map(|o| (l.rout[o] == f16::ZERO).then(|| l.bias.map_or(0.0, |b| b[o]))));
+        }
+    }
+    // The per-slot references above are the contract's definition of the
+    // MoE op; with per-expert vectors, the C MoE entry point must agree.
+    if d.vec_rows == d.e && r.stride == r.n_used && (r.nx == 1 || r.nx == r.n_used) {
+        let moe = escha_ggml::reference::Moe {
+            name: "experts",
+            shape: escha_ggml::MoeShape::new("experts", d.k, d.e, d.ic, d.oc).unwrap(),
+            code: &d.code,
+            rin: &d.rin,
+            rout: &d.rout,
+            s_in: d.s_in.as_deref(),
+            s_out: d.s_out.as_deref(),
+            bias: d.bias.as_deref(),
+        };
+        let routing = escha_ggml::reference::Routing { ids: &r.ids, n_used: r.n_used, tokens: r.t, nx: r.nx };
+        assert_eq!(cref::moe(&moe, &x, &routing).unwrap(), want, "per-slot reference vs escha_moe");
+    }
+    let what = format!(
+        "moe K={} E={} {}x{} T={} n_used={} nx={} path={path} scales={} shared={}",
+        d.k, d.e, d.ic, d.oc, r.t, r.n_used, r.nx, d.s_in.is_some(), d.vec_rows == 1
+    );
+    check(&what, &got, &want, &bound, |i| pruned[i])
+}
+
+#[test]
+fn moe_matches_reference() {
+    let mut all = Vec::new();
+    for k in [2, 3] {
+        let d = MoeData::new(40 + k as u64, k, 4, 256, 384, true, false);
+        for nx in [1, 2] {
+            for t in [1, 17, 33] {
+                all.push(moe_case(&d, &route(t as u64, t, 2, nx, 4, 2), AUTO, 500 + t as u64));
+            }
+            // The other kernel: GEMV for 17 tokens, prefill (map + grouped) for one.
+            all.push(moe_case(&d, &route(9, 17, 2, nx, 4, 2), GEMV, 517));
+            all.push(moe_case(&d, &route(8, 1, 2, nx, 4, 2), PREFILL, 501));
+        }
+        // No scales or bias, 8 experts, 3 used, ids as a view of a wider tensor.
+        let d = MoeData::new(50 + k as u64, k, 8, 384, 256, false, false);
+        for nx in [1, 3] {
+            all.push(moe_case(&d, &route(60, 9, 3, nx, 8, 8), AUTO, 609));
+        }
+        // Scales and bias shared by all experts ([n] instead of [E, n]).
+        let d = MoeData::new(70 + k as u64, k, 3, 128, 256, true, true);
+        all.push(moe_case(&d, &route(71, 5, 3, 3, 3, 3), GEMV, 705));
+        all.push(moe_case(&d, &route(72, 9, 3, 1, 3, 3), PREFILL, 709));
+    }
+    summarize("moe", &all);
+}
+
+/// An expert id outside [0, E) cannot stop a GPU kernel: its slot must come
+/// out NaN (never another expert's result), on both paths.
+#[test]
+fn moe_invalid_id_gives_nan() {
+    let d = MoeData::new(90, 2, 4, 128, 128, false, false);
+    for path in [GEMV, PREFILL] {
+        let mut r = route(91, 9, 2, 1, 4, 2);
+        r.ids[5] = 4; // token 2, slot 1
+        let x = Rng::new(92).f32s(r.t * d.ic, 0.0, 1.0);
+        let y = run_moe(&d, &x, &r, path);
+        for (slot, out) in y.chunks(d.oc).enumerate() {
+            assert_eq!(out.iter().all(|v| v.is_nan()), slot == 5, "path {path}: slot {slot}");
+        }
+    }
+}
+
+struct Plan {
+    n: i32,
+    grid: [[i64; 7]; 2],
+    names: [String; 2],
+    scratch: u64,
+    args: Args,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan(moe: bool, k: i32, ic: i64, oc: i64, e: i64, rows: i64, n_used: i64, nx: i64, path: i32) -> Plan {
+    let (mut out, mut names, mut scratch, mut args) = ([0i64; 14], [0u8; 96], 0u64, Args::default());
+    let n = unsafe {
+        escha_metal_shim_plan(
+            moe as i32, k, ic, oc, e, rows, n_used, nx, path, out.as_mut_ptr(), names.as_mut_ptr(), &mut scratch, &mut args,
+        )
+    };
+    let name = |i: usize| {
+        let b = &names[48 * i..48 * (i + 1)];
+        String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(48)]).into_owned()
+    };
+    let mut grid = [[0i64; 7]; 2];
+    grid[0].copy_from_slice(&out[..7]);
+    grid[1].copy_from_slice(&out[7..]);
+    Plan { n, grid, names: [name(0), if n > 1 { name(1) } else { String::new() }], scratch, args }
+}
+
+/// The host-side encode decisions that ggml-metal-escha.cpp turns into
+/// Metal calls: kernel names, grids, threadgroup sizes and memory, args.
+#[test]
+fn host_plan() {
+    // Decode-sized dense: GEMV, one threadgroup per (128 outputs, row).
+    let p = plan(false, 2, 5120, 17408, 1, 1, 1, 1, AUTO);
+    assert_eq!(p.n, 1);
+    assert_eq!(p.names[0], "kernel_escha_linear_gemv_k2");
+    assert_eq!(p.grid[0], [17408 / 128, 1, 1, 32, 4, 1, 2 * 4 * 128 * 4]);
+    assert_eq!((p.args.ic, p.args.oc, p.args.nrows, p.args.nb11), (5120, 17408, 1, 5120 * 4));
+    assert_eq!(p.args.code_es, 5120 / 16 * (17408 / 16) * 32 * 2);
+    // Batch 7 still GEMV, 8 switches to prefill: 8 rows per threadgroup.
+    assert_eq!(plan(false, 3, 256, 384, 1, 7, 1, 1, AUTO).names[0], "kernel_escha_linear_gemv_k3");
+    let p = plan(false, 3, 17408, 5120, 1, 512, 1, 1, AUTO);
+    assert_eq!(p.names[0], "kernel_escha_linear_prefill_k3");
+    assert_eq!(p.grid[0], [5120 / 128, 512 / 8, 1, 32, 4, 1, 2 * 8 * 128 * 4]);
+    assert_eq!(plan(false, 2, 256, 384, 1, 33, 1, 1, AUTO).grid[0][1], 5, "ceil(33 / 8) row blocks");
+    assert_eq!(p.scratch, 0);
+    // MoE decode: one threadgroup per (128 outputs, slot, token), no scratch.
+    let p = plan(true, 2, 2048, 1024, 256, 1, 8, 1, AUTO);
+    assert_eq!((p.n, p.names[0].as_str()), (1, "kernel_escha_moe_gemv_k2"));
+    assert_eq!(p.grid[0][..3], [8, 8, 1]);
+    assert_eq!((p.args.n_used, p.args.n_expert, p.args.ne11, p.args.nbi1), (8, 256, 1, 32));
+    assert_eq!(p.scratch, 0);
+    // MoE prefill: map then grouped kernel over E+1 lists (the last: invalid ids).
+    let p = plan(true, 3, 512, 2048, 256, 512, 8, 8, AUTO);
+    assert_eq!(p.n, 2);
+    assert_eq!(p.names, ["kernel_escha_moe_map".to_string(), "kernel_escha_moe_prefill_k3".to_string()]);
+    assert_eq!(p.grid[0][..6], [(257 + 31) / 32, 1, 1, 32, 1, 1]);
+    assert_eq!(p.grid[1][..3], [2048 / 128, 512 / 8, 257]);
+    assert_eq!(p.args.slot_cap, 512 * 8);
+    assert_eq!(p.scratch, 257 * (1 + 512 * 8) * 4);
+    assert_eq!((p.args.nb11, p.args.nb12), (512 * 4, 8 * 512 * 4));
+    // Shapes the kernels do not take.
+    assert_eq!(plan(false, 2, 200, 384, 1, 1, 1, 1, AUTO).n, -1, "IC not a multiple of 128");
+    assert_eq!(plan(false, 4, 256, 384, 1, 1, 1, 1, AUTO).n, -1, "K = 4");
+    assert_eq!(plan(true, 2, 256, 384, 4, 3, 3, 2, AUTO).n, -1, "NX must divide n_used");
+}
