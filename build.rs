@@ -107,6 +107,9 @@ mod ggml {
     const TREE_IN_SDIST: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp";
     /// The parts of the tree the build needs.
     const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
+    /// Upstream's Python converter, extracted next to the tree but not built:
+    /// `examples/convert_escha_hf_to_gguf.py` builds on its classes.
+    const CONVERT_PARTS: [&str; 3] = ["convert_hf_to_gguf.py", "conversion", "gguf-py"];
     const TOOLS: [&str; 6] = ["llama-cli", "llama-server", "llama-bench", "llama-perplexity", "llama-quantize", "llama-imatrix"];
 
     pub fn build() {
@@ -180,7 +183,7 @@ mod ggml {
         }
         let dest = out_dir().join("llama.cpp-pristine");
         let stamp = dest.join(".escha-extracted");
-        let id = format!("{SDIST_SHA256} {TREE_PARTS:?}");
+        let id = format!("{SDIST_SHA256} {TREE_PARTS:?} {CONVERT_PARTS:?}");
         if std::fs::read_to_string(&stamp).ok().as_deref() == Some(id.as_str()) {
             return dest;
         }
@@ -189,7 +192,7 @@ mod ggml {
         std::fs::create_dir_all(&dest).unwrap();
         let mut tar = Command::new("tar");
         tar.arg("-xzf").arg(&archive).arg("-C").arg(&dest).arg("--strip-components=3");
-        for part in TREE_PARTS {
+        for part in TREE_PARTS.iter().chain(&CONVERT_PARTS) {
             tar.arg(format!("{TREE_IN_SDIST}/{part}"));
         }
         run(&mut tar, "extracting the llama.cpp tree");
@@ -241,6 +244,7 @@ mod ggml {
     /// Only changed files are rewritten, so rebuilds stay incremental.
     fn prepare_tree() -> PathBuf {
         let pristine = pristine();
+        link_in_profile_dir("llama.cpp-convert", &pristine);
         let tree = out_dir().join("llama.cpp");
         let stamp = tree.join(".escha-synced-from");
         let src_id = format!("{} {TREE_PARTS:?}", pristine.display());
@@ -418,14 +422,19 @@ mod ggml {
 
     /// Links the tools' directory next to the crate's outputs and says where.
     fn announce_tools(build: &Path) {
-        let bin = build.join("bin");
+        let link = link_in_profile_dir("llama.cpp-bin", &build.join("bin"));
+        println!("cargo:warning=escha-ggml: llama.cpp tools ({}) and test-backend-ops are in {}", TOOLS.join(", "), link.display());
+    }
+
+    /// `<target>/<profile>/NAME` -> `to`, so scripts find build outputs at a fixed path.
+    fn link_in_profile_dir(name: &str, to: &Path) -> PathBuf {
         // OUT_DIR = <target>/<profile>/build/<pkg>-<hash>/out
         let profile_dir = out_dir().ancestors().nth(3).map(Path::to_path_buf).unwrap_or_default();
-        let link = profile_dir.join("llama.cpp-bin");
+        let link = profile_dir.join(name);
         let _ = std::fs::remove_file(&link);
         #[cfg(unix)]
-        let _ = std::os::unix::fs::symlink(&bin, &link);
-        println!("cargo:warning=escha-ggml: llama.cpp tools ({}) and test-backend-ops are in {}", TOOLS.join(", "), link.display());
+        let _ = std::os::unix::fs::symlink(to, &link);
+        link
     }
 
     fn link(build: &Path) {

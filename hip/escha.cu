@@ -1,0 +1,632 @@
+// Escha-W2 ops for ggml-cuda and ggml-hip (escha-ggml).
+//
+// One linear (or one expert slot) runs in three kernels on the context's
+// stream, with no host synchronisation (CUDA graphs stay valid):
+//   1. escha_xh_kernel:  xh = f16(H128(x * rin_eff) * RS)      (per row)
+//   2. escha_mm_kernel:  mid += xh @ W, W decoded in registers and never
+//                        stored; split over IC, summed with f32 atomics
+//   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
+// The rounding points are the contract's (docs/FORMAT.md §5); only the
+// order of the f32 sum in `mid` differs from the reference, which the
+// contract leaves free.
+//
+// Tile order: lane L of a 32-lane warp owns trellis values 8L..8L+7 of a
+// tile, which sit exactly where mma.m16n8k16's B fragment wants them (rows
+// 2(L%4)+{0,1,8,9}, column L/4 and L/4+8). So on NVIDIA (sm_80+) each lane
+// decodes straight into two B fragments and the tensor cores do the dot
+// product, leaving the integer pipe to the decode. Elsewhere (HIP, older
+// NVIDIA) the same lane layout feeds a SIMT dot product.
+//
+// Warps here are logical 32-lane groups (threadIdx.x / 32): on a 64-wide
+// wavefront (CDNA) two of them share a wavefront, and every shuffle stays
+// inside its 32-lane half (width 32).
+
+#include "escha.cuh"
+#include "mmid.cuh"
+
+#include <cstdlib>
+
+#if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+#define ESCHA_HAVE_MMA 1
+#endif
+
+static constexpr float ESCHA_RS_F   = 0.088388347648f; // f32(1/sqrt(128)), bits 0x3DB504F3
+static constexpr int   ESCHA_LANES  = 32;              // logical warp width
+static constexpr int   ESCHA_WARPS  = 4;               // logical warps per block
+static constexpr int   ESCHA_THREADS = ESCHA_LANES * ESCHA_WARPS;
+
+// ---- row addressing ------------------------------------------------------
+
+// Op row r (dense: the flattened rows of x; MoE: slot t*n_used + u) -> its
+// input row and its expert.
+struct escha_rows {
+    const char    * x;
+    int64_t         nb1, nb2, nb3;
+    int64_t         ne1, ne2;  // dense: x->ne[1], x->ne[2]; MoE: n_used, T
+    int64_t         nx1;       // rows of x per outer index: dense ne1, MoE NX
+    const int32_t * ids;       // MoE ids (nullptr: dense, expert 0)
+    int64_t         si1;       // ids row stride in elements
+
+    __device__ __forceinline__ const float * row(int64_t r, int & e) const {
+        const int64_t i1   = r % ne1;
+        const int64_t rest = r / ne1;
+        const int64_t i2   = rest % ne2;
+        const int64_t i3   = rest / ne2;
+        e = ids ? ids[rest * si1 + i1] : 0;
+        return (const float *) (x + (i1 % nx1) * nb1 + i2 * nb2 + i3 * nb3);
+    }
+};
+
+// Per-channel operands; an expert stride of 0 shares one vector.
+struct escha_vecs {
+    const half  * rin;   int64_t rin_es;
+    const half  * rout;  int64_t rout_es;
+    const float * s_in;  int64_t s_in_es;
+    const float * s_out; int64_t s_out_es;
+    const float * bias;  int64_t bias_es;
+};
+
+// ---- Hadamard-128 ----------------------------------------------------------
+
+// Unnormalised Sylvester H128 on one 128-block held 4 values per lane
+// (lane l holds elements 4l..4l+3), stages h = 1, 2, ..., 64 in order, each
+// pair (a, c) -> (a + c, a - c) as in the contract.
+static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lane) {
+    float a, c;
+    a = v[0]; c = v[1]; v[0] = a + c; v[1] = a - c;
+    a = v[2]; c = v[3]; v[2] = a + c; v[3] = a - c;
+    a = v[0]; c = v[2]; v[0] = a + c; v[2] = a - c;
+    a = v[1]; c = v[3]; v[1] = a + c; v[3] = a - c;
+#pragma unroll
+    for (int m = 1; m < ESCHA_LANES; m *= 2) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float p = __shfl_xor_sync(0xFFFFFFFF, v[q], m, ESCHA_LANES);
+            v[q] = (lane & m) ? p - v[q] : v[q] + p;
+        }
+    }
+}
+
+// xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
+// 128-block each; grid (ceil(IC/512), rows).
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
+        const escha_rows rows, const escha_vecs v, half * __restrict__ xh, const int64_t n_rows, const int IC) {
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    if (blk * 128 >= IC) {
+        return;
+    }
+    const int i0 = blk * 128 + lane * 4;
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        const float * x = rows.row(r, e);
+        float u[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float re = __half2float(v.rin[e * v.rin_es + i0 + q]);
+            if (v.s_in) {
+                re = __fmul_rn(re, v.s_in[e * v.s_in_es + i0 + q]);
+            }
+            u[q] = __fmul_rn(x[i0 + q], re); // __fmul_rn: never fused into the adds below
+        }
+        escha_h128_lane(u, lane);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));
+        }
+    }
+}
+
+// dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded again), as
+// f32. rout == 0 gives an exact (signed) zero: a prune mask.
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
+        const escha_rows rows, const escha_vecs v, const float * __restrict__ mid, float * __restrict__ dst,
+        const int64_t n_rows, const int OC) {
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    if (blk * 128 >= OC) {
+        return;
+    }
+    const int o0 = blk * 128 + lane * 4;
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        rows.row(r, e);
+        float m[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            m[q] = mid[r * OC + o0 + q];
+        }
+        escha_h128_lane(m, lane);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float ro = __half2float(v.rout[e * v.rout_es + o0 + q]);
+            if (v.s_out) {
+                ro = __fmul_rn(ro, v.s_out[e * v.s_out_es + o0 + q]);
+            }
+            half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));
+            if (v.bias) {
+                y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
+            }
+            dst[r * OC + o0 + q] = __half2float(y);
+        }
+    }
+}
+
+// ---- tile decode -----------------------------------------------------------
+
+// Top 32 bits of (hi:lo) << s, s in [0, 31]: stream bits [s, s+32) of a
+// big-endian 64-bit window.
+static __device__ __forceinline__ uint32_t escha_funnel(const uint32_t hi, const uint32_t lo, const int s) {
+    return (uint32_t) (((((uint64_t) hi) << 32) | lo) >> (32 - s));
+}
+
+// Where lane L's 8 states lie in a tile of 8K words: starting bit p0 of
+// value 8L's state ((8L+1)K - 16 mod 256K), as three word indices and the
+// bit offset in the first. Tile-independent: computed once per lane.
+template <int K>
+struct escha_lane_bits {
+    int w0, w1, w2, off;
+    __device__ __forceinline__ explicit escha_lane_bits(const int lane) {
+        constexpr int NB = 256 * K;
+        constexpr int W  = 8 * K;
+        const int p0 = ((8 * lane + 1) * K - 16 + NB) % NB;
+        w0  = p0 / 32;
+        off = p0 % 32;
+        w1  = (w0 + 1) % W;
+        w2  = (w0 + 2) % W;
+    }
+};
+
+// Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
+// fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
+// b[3] = {6,7}. Codebook: r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
+// value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16 (an f16 add).
+template <int K>
+static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb,
+                                                         uint32_t b[4]) {
+    const uint32_t t0 = __ldg(tile + lb.w0);
+    const uint32_t t1 = __ldg(tile + lb.w1);
+    const uint32_t t2 = __ldg(tile + lb.w2);
+    uint32_t r[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int      rel = lb.off + j * K; // <= 31 + 21
+        const uint32_t x   = rel < 32 ? escha_funnel(t0, t1, rel) : escha_funnel(t1, t2, rel - 32);
+        const uint32_t s   = x >> 16;
+        r[j] = ((s * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const uint32_t lo = __byte_perm(r[2 * p], r[2 * p + 1], 0x5410);
+        const uint32_t hi = __byte_perm(r[2 * p], r[2 * p + 1], 0x7632);
+        half2 hl, hh;
+        memcpy(&hl, &lo, 4);
+        memcpy(&hh, &hi, 4);
+        const half2 sum = __hadd2(hl, hh);
+        memcpy(&b[p], &sum, 4);
+    }
+}
+
+// ---- the decode-and-multiply kernel -----------------------------------------
+
+struct escha_mm_args {
+    const uint32_t * code;     // the code tensor as 32-bit words
+    int64_t          code_es;  // words per expert
+    const half     * xh;       // [n_rows][IC]
+    float          * mid;      // [n_rows][OC], zeroed, summed atomically
+    int              KT, NT, IC, OC;
+    int64_t          n_rows;
+    int              kt_chunk; // tile rows per split (gridDim.y splits)
+    int              n_x;      // blocks along the output tiles
+    int              mode;     // 0 dense, 1 one slot per group, 2 grouped by expert
+    const int32_t  * ids;      // mode 1: ids, slot r -> expert ids[(r / n_used) * si1 + r % n_used]
+    int              n_used;
+    int64_t          si1;
+    const int32_t  * sorted;   // mode 2: slots sorted by expert
+    const int32_t  * bounds;   // mode 2: [E + 1]
+    int              mblocks;  // mode 2: row blocks per expert
+};
+
+#ifdef ESCHA_HAVE_MMA
+static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4], const uint32_t b0, const uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// Block: 4 logical warps; warp w of block x takes NTW consecutive tile
+// columns, a range of kt_chunk tile rows (blockIdx.y), and up to MT*16 rows
+// of its group (one row block of a dense op or of one expert).
+template <int K, int NTW, int MT, bool MMA>
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const escha_mm_args a) {
+    constexpr int W    = 8 * K;   // 32-bit words per tile
+    constexpr int ROWS = MT * 16;
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int warp = threadIdx.x / ESCHA_LANES;
+    const int xb   = blockIdx.x % a.n_x;
+    const int z    = blockIdx.x / a.n_x;
+    const int nt0  = (xb * ESCHA_WARPS + warp) * NTW;
+    if (nt0 >= a.NT) {
+        return;
+    }
+    const int kt_begin = blockIdx.y * a.kt_chunk;
+    const int kt_end   = min(a.KT, kt_begin + a.kt_chunk);
+    if (kt_begin >= kt_end) {
+        return;
+    }
+
+    int64_t e = 0, first = 0, count = 0;
+    const int32_t * list = nullptr;
+    if (a.mode == 0) {
+        first = (int64_t) z * ROWS;
+        count = min((int64_t) ROWS, a.n_rows - first);
+    } else if (a.mode == 1) {
+        first = z;
+        count = 1;
+        e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+    } else {
+        e = z / a.mblocks;
+        const int32_t lo = a.bounds[e] + (z % a.mblocks) * ROWS;
+        count = min(ROWS, a.bounds[e + 1] - lo);
+        first = lo;
+        list  = a.sorted;
+    }
+    if (count <= 0) {
+        return;
+    }
+    auto row_of = [&](const int i) -> int64_t {
+        return i < count ? (list ? (int64_t) list[first + i] : first + i) : -1;
+    };
+
+    const escha_lane_bits<K> lb(lane);
+    const uint32_t * code = a.code + e * a.code_es + (int64_t) nt0 * W;
+    const int64_t kt_stride = (int64_t) a.NT * W;
+    const int kq = (lane % 4) * 2; // this lane's k pair (and +8) in a tile
+
+#ifdef ESCHA_HAVE_MMA
+    if constexpr (MMA) {
+        float acc[MT][NTW][8];
+        int64_t rlo[MT], rhi[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            rlo[mt] = row_of(mt * 16 + lane / 4);
+            rhi[mt] = row_of(mt * 16 + lane / 4 + 8);
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[mt][w][i] = 0.0f;
+                }
+            }
+        }
+        for (int kt = kt_begin; kt < kt_end; kt++) {
+            uint32_t A[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int64_t c0 = (int64_t) kt * 16 + kq;
+                A[mt][0] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0)     : 0u;
+                A[mt][2] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0 + 8) : 0u;
+                A[mt][1] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0)     : 0u;
+                A[mt][3] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0 + 8) : 0u;
+            }
+            const uint32_t * tiles = code + kt * kt_stride;
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                uint32_t b[4];
+                escha_decode_lane<K>(tiles + w * W, lb, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    escha_mma(acc[mt][w] + 0, A[mt], b[0], b[1]);
+                    escha_mma(acc[mt][w] + 4, A[mt], b[2], b[3]);
+                }
+            }
+        }
+        // C fragment: c0,c1 at (row lane/4, cols kq, kq+1), c2,c3 at row + 8.
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+#pragma unroll
+                for (int nb = 0; nb < 2; nb++) {
+                    const int col = (nt0 + w) * 16 + nb * 8 + kq;
+                    if (rlo[mt] >= 0) {
+                        atomicAdd(a.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
+                        atomicAdd(a.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
+                    }
+                    if (rhi[mt] >= 0) {
+                        atomicAdd(a.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
+                        atomicAdd(a.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+#endif // ESCHA_HAVE_MMA
+
+    // SIMT: each lane sums its 4 k values per tile column into per-row
+    // partials; the 4 lanes sharing a column reduce once at the end.
+    static_assert(MMA || MT == 1, "the SIMT path takes 16 rows per block");
+    float acc[16][NTW][2];
+    int64_t rows16[16];
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        rows16[m] = row_of(m);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            acc[m][w][0] = 0.0f;
+            acc[m][w][1] = 0.0f;
+        }
+    }
+    for (int kt = kt_begin; kt < kt_end; kt++) {
+        const uint32_t * tiles = code + kt * kt_stride;
+        float wv[NTW][8];
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(tiles + w * W, lb, b);
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                half2 h;
+                memcpy(&h, &b[p], 4);
+                const float2 f = __half22float2(h);
+                wv[w][2 * p]     = f.x;
+                wv[w][2 * p + 1] = f.y;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 16; m++) {
+            if (rows16[m] < 0) {
+                break;
+            }
+            const half * xr = a.xh + rows16[m] * a.IC + (int64_t) kt * 16 + kq;
+            half2 h01, h89;
+            memcpy(&h01, xr, 4);
+            memcpy(&h89, xr + 8, 4);
+            const float2 x01 = __half22float2(h01);
+            const float2 x89 = __half22float2(h89);
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                // wv[w][0..3]: rows kq, kq+1, kq+8, kq+9 of column lane/4; [4..7]: column lane/4 + 8
+                acc[m][w][0] += x01.x * wv[w][0] + x01.y * wv[w][1] + x89.x * wv[w][2] + x89.y * wv[w][3];
+                acc[m][w][1] += x01.x * wv[w][4] + x01.y * wv[w][5] + x89.x * wv[w][6] + x89.y * wv[w][7];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        if (rows16[m] < 0) {
+            break;
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float s = acc[m][w][c];
+                s += __shfl_xor_sync(0xFFFFFFFF, s, 1, ESCHA_LANES);
+                s += __shfl_xor_sync(0xFFFFFFFF, s, 2, ESCHA_LANES);
+                if (lane % 4 == 0) {
+                    atomicAdd(a.mid + rows16[m] * a.OC + (nt0 + w) * 16 + c * 8 + lane / 4, s);
+                }
+            }
+        }
+    }
+}
+
+// ---- host side ---------------------------------------------------------------
+
+bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
+    const bool moe = op->op == GGML_OP_ESCHA_MOE;
+    const ggml_tensor * code = op->src[0];
+    const ggml_tensor * x    = op->src[1];
+    const int first = moe ? 3 : 2;
+    if (code == nullptr || x == nullptr || op->src[first] == nullptr || op->src[first + 1] == nullptr) {
+        return false;
+    }
+    if (code->type != GGML_TYPE_I16 || !ggml_is_contiguous(code) || (code->ne[0] != 32 && code->ne[0] != 48)) {
+        return false;
+    }
+    if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) {
+        return false;
+    }
+    if (moe && (op->src[2]->type != GGML_TYPE_I32 || op->src[2]->nb[0] != sizeof(int32_t))) {
+        return false;
+    }
+    for (int i = first; i < first + 2; i++) {
+        if (op->src[i]->type != GGML_TYPE_F16 || !ggml_is_contiguous(op->src[i])) {
+            return false;
+        }
+    }
+    for (int i = first + 2; i < first + 5; i++) {
+        if (op->src[i] && (op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i]))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Elements per expert of an optional per-channel operand: 0 when one vector
+// is shared by all experts (or the operand is absent).
+static int64_t escha_expert_stride(const ggml_tensor * t) {
+    return t == nullptr || ggml_nrows(t) == 1 ? 0 : t->ne[0];
+}
+
+template <int K, int NTW, int MT, bool MMA>
+static void escha_launch_mm(const escha_mm_args & a, const int n_z, const int ksplit, cudaStream_t stream) {
+    const dim3 grid((unsigned) a.n_x * (unsigned) n_z, (unsigned) ksplit, 1);
+    escha_mm_kernel<K, NTW, MT, MMA><<<grid, ESCHA_THREADS, 0, stream>>>(a);
+}
+
+// Runs the three stages for n_rows op rows. moe: ids given (mode 1 or 2).
+static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const escha_rows & rows, const int64_t n_rows,
+                          const escha_vecs & v, const int64_t n_expert, const int64_t n_tokens) {
+    const ggml_tensor * code = dst->src[0];
+    const int K  = ggml_get_op_params_i32(dst, 0);
+    const int IC = (int) (code->ne[2] * 16);
+    const int OC = (int) (code->ne[1] * 16);
+    cudaStream_t stream = ctx.stream();
+    if (n_rows == 0) {
+        return;
+    }
+    GGML_ASSERT(K == 2 || K == 3);
+
+    ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
+    ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
+    CUDA_CHECK(cudaMemsetAsync(mid.get(), 0, n_rows * OC * sizeof(float), stream));
+
+    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
+        rows, v, xh.get(), n_rows, IC);
+
+    const int id = ggml_cuda_get_device();
+    const int cc = ggml_cuda_info().devices[id].cc;
+    const int nsm = ggml_cuda_info().devices[id].nsm;
+#ifdef GGML_USE_HIP
+    const bool use_mma = false;
+    GGML_UNUSED(cc);
+#else
+    // GGML_ESCHA_SIMT=1 forces the SIMT path (the one HIP runs), for testing it on NVIDIA.
+    static const bool force_simt = getenv("GGML_ESCHA_SIMT") != nullptr;
+    const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
+#endif
+
+    escha_mm_args a = {};
+    a.code    = (const uint32_t *) code->data;
+    a.code_es = code->ne[2] * code->ne[1] * 8 * K;
+    a.xh      = xh.get();
+    a.mid     = mid.get();
+    a.KT      = IC / 16;
+    a.NT      = OC / 16;
+    a.IC      = IC;
+    a.OC      = OC;
+    a.n_rows  = n_rows;
+
+    // Rows per group: dense ops share one weight over all rows; an MoE op
+    // at decode batch sizes runs each slot on its own (no grouping pass),
+    // larger batches group the slots by expert on the device.
+    const bool    moe     = rows.ids != nullptr;
+    const int64_t n_used  = moe ? rows.ne1 : 1;
+    const bool    direct  = moe && n_tokens <= 8;
+    const int64_t per_grp = !moe ? n_rows : (direct ? 1 : n_tokens);
+    const bool    big     = use_mma && per_grp > 16;
+    const int     MT      = big ? 4 : 1;
+    const int     NTW     = !use_mma ? 2 : (big ? 2 : 4);
+    const int     ROWS    = MT * 16;
+    a.n_x = (a.NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
+
+    ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
+    ggml_cuda_pool_alloc<int32_t> src1_unused(ctx.pool());
+    ggml_cuda_pool_alloc<int32_t> bounds(ctx.pool());
+    int64_t n_z, z_busy;
+    if (!moe) {
+        a.mode = 0;
+        n_z = z_busy = (n_rows + ROWS - 1) / ROWS;
+    } else if (direct) {
+        a.mode   = 1;
+        a.ids    = rows.ids;
+        a.n_used = (int) n_used;
+        a.si1    = rows.si1;
+        n_z = z_busy = n_rows;
+    } else {
+        a.mode = 2;
+        sorted.alloc(n_rows);
+        src1_unused.alloc(n_rows);
+        bounds.alloc(n_expert + 1);
+        ggml_cuda_launch_mm_ids_helper(rows.ids, src1_unused.get(), sorted.get(), bounds.get(), (int) n_expert, (int) n_tokens,
+                                       (int) n_used, (int) rows.nx1, (int) rows.si1, (int) rows.nx1, false, stream);
+        a.sorted  = sorted.get();
+        a.bounds  = bounds.get();
+        a.mblocks = (int) ((n_tokens + ROWS - 1) / ROWS);
+        n_z    = n_expert * a.mblocks;
+        z_busy = std::min<int64_t>(n_expert, n_rows) + n_rows / ROWS;
+    }
+
+    // Split over IC until the grid fills the GPU (8 blocks per SM), keeping
+    // at least 8 tile rows per split.
+    const int64_t target = 8 * (int64_t) nsm;
+    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>((target + a.n_x * z_busy - 1) / (a.n_x * z_busy), a.KT / 8));
+    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
+    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+    GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
+
+#ifdef GGML_USE_HIP
+    if (K == 2) {
+        escha_launch_mm<2, 2, 1, false>(a, (int) n_z, ksplit, stream);
+    } else {
+        escha_launch_mm<3, 2, 1, false>(a, (int) n_z, ksplit, stream);
+    }
+#else
+    if (!use_mma) {
+        if (K == 2) {
+            escha_launch_mm<2, 2, 1, false>(a, (int) n_z, ksplit, stream);
+        } else {
+            escha_launch_mm<3, 2, 1, false>(a, (int) n_z, ksplit, stream);
+        }
+    } else if (big) {
+        if (K == 2) {
+            escha_launch_mm<2, 2, 4, true>(a, (int) n_z, ksplit, stream);
+        } else {
+            escha_launch_mm<3, 2, 4, true>(a, (int) n_z, ksplit, stream);
+        }
+    } else {
+        if (K == 2) {
+            escha_launch_mm<2, 4, 1, true>(a, (int) n_z, ksplit, stream);
+        } else {
+            escha_launch_mm<3, 4, 1, true>(a, (int) n_z, ksplit, stream);
+        }
+    }
+#endif
+
+    escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
+        rows, v, mid.get(), (float *) dst->data, n_rows, OC);
+}
+
+static escha_vecs escha_get_vecs(const ggml_tensor * dst, const int first) {
+    const ggml_tensor * rin   = dst->src[first + 0];
+    const ggml_tensor * rout  = dst->src[first + 1];
+    const ggml_tensor * s_in  = dst->src[first + 2];
+    const ggml_tensor * s_out = dst->src[first + 3];
+    const ggml_tensor * bias  = dst->src[first + 4];
+    escha_vecs v;
+    v.rin   = (const half *) rin->data;                       v.rin_es   = escha_expert_stride(rin);
+    v.rout  = (const half *) rout->data;                      v.rout_es  = escha_expert_stride(rout);
+    v.s_in  = s_in  ? (const float *) s_in->data  : nullptr;  v.s_in_es  = escha_expert_stride(s_in);
+    v.s_out = s_out ? (const float *) s_out->data : nullptr;  v.s_out_es = escha_expert_stride(s_out);
+    v.bias  = bias  ? (const float *) bias->data  : nullptr;  v.bias_es  = escha_expert_stride(bias);
+    return v;
+}
+
+void ggml_cuda_op_escha_linear(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * x = dst->src[1];
+    escha_rows rows;
+    rows.x   = (const char *) x->data;
+    rows.nb1 = x->nb[1];
+    rows.nb2 = x->nb[2];
+    rows.nb3 = x->nb[3];
+    rows.ne1 = x->ne[1];
+    rows.ne2 = x->ne[2];
+    rows.nx1 = x->ne[1];
+    rows.ids = nullptr;
+    rows.si1 = 0;
+    escha_forward(ctx, dst, rows, x->ne[1] * x->ne[2] * x->ne[3], escha_get_vecs(dst, 2), 1, 1);
+}
+
+void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * code = dst->src[0];
+    const ggml_tensor * x    = dst->src[1];
+    const ggml_tensor * ids  = dst->src[2];
+    const int64_t n_used   = ids->ne[0];
+    const int64_t n_tokens = ids->ne[1];
+    escha_rows rows;
+    rows.x   = (const char *) x->data;
+    rows.nb1 = x->nb[1];
+    rows.nb2 = x->nb[2];
+    rows.nb3 = 0;
+    rows.ne1 = n_used;
+    rows.ne2 = n_tokens;
+    rows.nx1 = x->ne[1];
+    rows.ids = (const int32_t *) ids->data;
+    rows.si1 = ids->nb[1] / sizeof(int32_t);
+    escha_forward(ctx, dst, rows, n_used * n_tokens, escha_get_vecs(dst, 3), code->ne[3], n_tokens);
+}
