@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the patched llama.cpp with CUDA for the H200 (sm_90) from what
+# hip/device-pack.sh put in .device/, on a machine with nvcc, CMake and ninja
+# but no Rust and no network. The build directory .device-build/ is reused
+# while the machine stays up; the tree is unpacked again only when the pack
+# changed. Targets: test-backend-ops, llama-bench, llama-quantize (and more
+# as arguments).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=.device-build/llama.cpp
+mkdir -p .device-build
+if ! cmp -s .device/packed-id .device-build/packed-id; then
+    rm -rf "$src"
+    mkdir -p "$src"
+    tar -C "$src" -xJf .device/llama.cpp.tar.xz
+    xz -dc .device/libescha_ggml_cpu.a.xz > .device-build/libescha_ggml_cpu.a
+    cp .device/packed-id .device-build/packed-id
+fi
+export PATH=/usr/local/cuda/bin:$PATH
+cmake -S "$src" -B .device-build/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_NATIVE=ON -DGGML_OPENMP=OFF \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
+    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+    -DESCHA_RUST_LIB="$PWD/.device-build/libescha_ggml_cpu.a" > .device-build/cmake.log
+ninja -C .device-build/build -j"$(nproc)" test-backend-ops llama-bench llama-quantize "$@"

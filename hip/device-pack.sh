@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs what a CUDA build of the patched llama.cpp needs on a GPU machine that
+# has nvcc, CMake and ninja but no Rust toolchain and no network:
+#   .device/llama.cpp.tar.xz       the patched tree as `cargo build` prepared it
+#                                  (patches/*.patch applied, ggml-escha/ and
+#                                  hip/ copied in), minus unused backends
+#   .device/libescha_ggml_cpu.a.xz the Rust CPU kernels (the CPU side of
+#                                  test-backend-ops)
+#   .device/packed-id              what was packed (tree and library hashes)
+# Run `cargo build --release --features tools` first; then carry `.device`
+# and run hip/device-build.sh there. Keeps .device under 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The tree of the latest build is the one holding the newest copy of hip/escha.cu.
+newest=$(ls -t target/release/build/escha-ggml-*/out/llama.cpp/ggml/src/ggml-cuda/escha.cu 2>/dev/null | head -n 1)
+tree=${ESCHA_TREE:-${newest%/ggml/src/ggml-cuda/escha.cu}}
+lib=${ESCHA_RUST_LIB:-$(ls -t target/release/build/escha-ggml-*/out/kernels-target/*/release/libescha_ggml_cpu.a 2>/dev/null | head -n 1)}
+[ -d "$tree" ] || { echo "no prepared llama.cpp tree: run cargo build --release --features tools first" >&2; exit 1; }
+[ -f "$lib" ] || { echo "no libescha_ggml_cpu.a: run cargo build --release --features tools first" >&2; exit 1; }
+for f in hip/*.cu hip/*.cuh; do
+    cmp -s "$f" "$tree/ggml/src/ggml-cuda/$(basename "$f")" \
+        || { echo "$tree lacks the current $f: run cargo build --release --features tools first" >&2; exit 1; }
+done
+
+mkdir -p .device
+grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+grep -qx '/.device-build/' .git/info/exclude 2>/dev/null || echo '/.device-build/' >> .git/info/exclude
+
+excl=()
+for b in vulkan sycl cann opencl metal musa kompute webgpu zdnn hexagon openvino rpc virtgpu zendnn blas; do
+    excl+=(--exclude="./ggml/src/ggml-$b")
+done
+tar -C "$tree" "${excl[@]}" --exclude='./.escha-synced-from' --exclude='*.gguf' -cf - . | xz -T2 -6 > .device/llama.cpp.tar.xz
+xz -T2 -6 -c "$lib" > .device/libescha_ggml_cpu.a.xz
+{ sha256sum .device/llama.cpp.tar.xz | cut -c1-16; sha256sum "$lib" | cut -c1-16; } > .device/packed-id
+du -sh .device/*
