@@ -312,20 +312,34 @@ fn run_moe(d: &MoeData, x: &[f32], r: &Route, path: i32) -> Vec<f32> {
 fn moe_case(d: &MoeData, r: &Route, path: i32, seed: u64) -> Stats {
     let x = Rng::new(seed).f32s(r.t * r.nx * d.ic, 0.0, 1.0);
     let got = run_moe(d, &x, r, path);
-    let (mut want, mut bound, mut pruned) = (Vec::new(), Vec::new(), Vec::new());
-    for t in 0..r.t {
-        for u in 0..r.n_used {
-            let e = r.ids[t * r.stride + u] as usize;
-            let xr = &x[(t * r.nx + u % r.nx) * d.ic..][..d.ic];
-            let l = d.expert(e);
-            want.extend(cref::linear(&l, xr, 1).unwrap());
-            bound.extend(order_bound(&l, xr, 1));
-            pruned.extend((0..d.oc).map(|o| (l.rout[o] == f16::ZERO).then(|| l.bias.map_or(0.0, |b| b[o]))));
+    // Reference of slot (t, u): expert ids[t][u] as a dense linear on
+    // x[t][u % nx]. Rows of one expert go through the C reference together
+    // (each row's arithmetic is independent of the others').
+    let slots = r.t * r.n_used;
+    let (mut want, mut bound) = (vec![f16::ZERO; slots * d.oc], vec![0f64; slots * d.oc]);
+    let mut pruned = vec![None; slots * d.oc];
+    for e in 0..d.e {
+        let mine: Vec<usize> = (0..slots).filter(|&s| r.ids[s / r.n_used * r.stride + s % r.n_used] as usize == e).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let xs: Vec<f32> =
+            mine.iter().flat_map(|&s| x[(s / r.n_used * r.nx + s % r.n_used % r.nx) * d.ic..][..d.ic].to_vec()).collect();
+        let l = d.expert(e);
+        let y = cref::linear(&l, &xs, mine.len()).unwrap();
+        let b = order_bound(&l, &xs, mine.len());
+        for (j, &s) in mine.iter().enumerate() {
+            let o = s * d.oc;
+            want[o..o + d.oc].copy_from_slice(&y[j * d.oc..(j + 1) * d.oc]);
+            bound[o..o + d.oc].copy_from_slice(&b[j * d.oc..(j + 1) * d.oc]);
+            for c in 0..d.oc {
+                pruned[o + c] = (l.rout[c] == f16::ZERO).then(|| l.bias.map_or(0.0, |b| b[c]));
+            }
         }
     }
-    // The per-slot references above are the contract's definition of the
-    // MoE op; with per-expert vectors, the C MoE entry point must agree.
-    if d.vec_rows == d.e && r.stride == r.n_used && (r.nx == 1 || r.nx == r.n_used) {
+    // That is the contract's definition of the MoE op; the C MoE entry point
+    // (per-expert vectors only) must agree with it (checked on small batches).
+    if d.vec_rows == d.e && r.stride == r.n_used && (r.nx == 1 || r.nx == r.n_used) && r.t <= 9 {
         let moe = escha_ggml::reference::Moe {
             name: "experts",
             shape: escha_ggml::MoeShape::new("experts", d.k, d.e, d.ic, d.oc).unwrap(),

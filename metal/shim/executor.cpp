@@ -344,7 +344,7 @@ body_fn find_kernel(const char * name) {
 
 // Runs one dispatch: every threadgroup of the grid, one after another.
 void dispatch(const escha_metal_dispatch & d, const Launch & L) {
-    Group g;
+    static thread_local Group g; // keeps its fiber stacks from one dispatch to the next
     g.body = find_kernel(d.name);
     g.launch = &L;
     g.tgpg = uint3{(uint) d.tg[0], (uint) d.tg[1], (uint) d.tg[2]};
