@@ -308,7 +308,49 @@ mod ggml {
                 write_if_changed(&tree.join("ggml/src/ggml-cuda").join(&name), &std::fs::read(&path).unwrap());
             }
         }
+        inject_metal(&tree);
         tree
+    }
+
+    /// The Metal kernels and their ggml-metal glue (`metal/`), where patch
+    /// 0007 expects them. ggml-metal compiles each kernel source on its own,
+    /// without include paths, so the shared args header is inlined into
+    /// `kernels/escha.metal` in place of its `#include` line.
+    fn inject_metal(tree: &Path) {
+        let metal = manifest_dir().join("metal");
+        let dst = tree.join("ggml/src/ggml-metal");
+        let read = |name: &str| {
+            let path = metal.join(name);
+            println!("cargo:rerun-if-changed={}", path.display());
+            std::fs::read_to_string(&path).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())))
+        };
+        for name in ["escha-metal-args.h", "escha-metal-plan.h", "ggml-metal-escha.h", "ggml-metal-escha.cpp"] {
+            write_if_changed(&dst.join(name), read(name).as_bytes());
+        }
+        let include = "#include \"escha-metal-args.h\"";
+        let kernels = read("escha.metal");
+        if kernels.matches(include).count() != 1 {
+            fail(&format!("metal/escha.metal must contain the line {include} exactly once"));
+        }
+        write_if_changed(&dst.join("kernels/escha.metal"), kernels.replace(include, &read("escha-metal-args.h")).as_bytes());
+        if !cfg!(feature = "metal") {
+            check_metal_host_sources(&dst);
+        }
+    }
+
+    /// Without a Mac nothing compiles ggml-metal; so that a Mac user's
+    /// first build is not the first compile of our C++, the glue and the
+    /// two patched C++ files of ggml-metal are compiled here (syntax only;
+    /// the Objective-C file and the Metal shaders need Apple's tools).
+    fn check_metal_host_sources(dir: &Path) {
+        let cxx = env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let inc = |p: &str| format!("-I{}", dir.join(p).display());
+        for file in ["ggml-metal-escha.cpp", "ggml-metal-ops.cpp", "ggml-metal.cpp"] {
+            let mut cmd = Command::new(&cxx);
+            // libc++ (Apple) includes <memory> through other headers; libstdc++ does not.
+            cmd.args(["-std=c++17", "-fsyntax-only", "-include", "memory"]).arg(inc("../../include")).arg(inc("..")).arg(inc(".")).arg(dir.join(file));
+            run(&mut cmd, &format!("checking that ggml-metal's {file} compiles (C++ syntax, no Metal)"));
+        }
     }
 
     // ---- the Rust kernels for ggml-cpu ----------------------------------
