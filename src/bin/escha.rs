@@ -52,8 +52,11 @@ usage:
       e.g. escha quantize model-f16.gguf model-escha.gguf --imatrix imatrix.gguf
 
   escha decode IN.gguf OUT.gguf
+  escha decode IN_DIR OUT_DIR
       The reverse for checking: every coded weight of an Escha GGUF becomes
-      <stem>.weight F32 holding its decoded effective weight.
+      <stem>.weight F32 holding its decoded effective weight. Given an Escha HF
+      checkpoint directory, write a plain one (coded linears and int8 rows as
+      F32 P.weight, no quantization_config) that any converter can read.
 
   escha help | --help
       This text.
@@ -151,7 +154,7 @@ const LINEAR: Spec = Spec {
 
 const INFO: Spec = Spec { name: "info", values: &["--ic", "--oc", "--rin", "--rout"], switches: &[], positional: &["CODE.i16"], repeatable: &[] };
 
-const DECODE: Spec = Spec { name: "decode", values: &[], switches: &[], positional: &["IN.gguf", "OUT.gguf"], repeatable: &[] };
+const DECODE: Spec = Spec { name: "decode", values: &[], switches: &[], positional: &["IN", "OUT"], repeatable: &[] };
 
 const QUANTIZE: Spec = Spec {
     name: "quantize",
@@ -525,7 +528,11 @@ fn cmd_quantize(_: &Args) -> Result<ExitCode> {
 #[cfg(feature = "ggml")]
 fn cmd_decode(a: &Args) -> Result<ExitCode> {
     let (input, output) = (Path::new(&a.positional[0]), Path::new(&a.positional[1]));
-    let n = escha_ggml::quantize::decode::decode_gguf(input, output)?;
+    let n = if input.is_dir() {
+        escha_ggml::quantize::decode::decode_hf(input, output)?
+    } else {
+        escha_ggml::quantize::decode::decode_gguf(input, output)?
+    };
     println!("decoded {n} coded weights into {}", output.display());
     Ok(ExitCode::SUCCESS)
 }
