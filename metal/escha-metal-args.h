@@ -21,6 +21,9 @@
 #define ESCHA_MTL_NR 8
 // From this many rows on (dense) or tokens (MoE) the prefill kernels run.
 #define ESCHA_MTL_PREFILL_MIN 8
+// Rows of the dense simdgroup-matrix kernel, used from this many rows on.
+#define ESCHA_MTL_NR_MMA 32
+#define ESCHA_MTL_MMA_MIN 32
 
 typedef struct {
     int32_t  k;          // bits per weight, 2 or 3

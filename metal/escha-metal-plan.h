@@ -82,9 +82,17 @@ static inline void escha_metal_set_dispatch(escha_metal_dispatch * d, const char
     d->smem = smem;
 }
 
-// Fills `p` for shape `s`. path: -1 chooses by batch size, 0 forces GEMV,
-// 1 forces prefill. Returns false (with `p` untouched) for shapes the
-// kernels do not take; supports_op rejects those first.
+// Kernel families; ESCHA_MTL_PATH_AUTO chooses by batch size.
+enum escha_metal_path {
+    ESCHA_MTL_PATH_AUTO = -1,
+    ESCHA_MTL_PATH_GEMV = 0,
+    ESCHA_MTL_PATH_PREFILL = 1,
+    ESCHA_MTL_PATH_MMA = 2, // dense only
+};
+
+// Fills `p` for shape `s` on kernel family `path`. Returns false (with `p`
+// untouched) for shapes the kernels do not take; supports_op rejects those
+// first.
 static inline bool escha_metal_make_plan(const escha_metal_shape * s, int path, escha_metal_plan * p) {
     if ((s->k != 2 && s->k != 3) || s->ic <= 0 || s->oc <= 0 || s->ic % 128 != 0 || s->oc % 128 != 0) {
         return false;
@@ -113,12 +121,22 @@ static inline bool escha_metal_make_plan(const escha_metal_shape * s, int path, 
     a.s_out_es = s->s_out_rows > 1 ? (int32_t) s->oc : 0;
     a.bias_es = s->bias_rows > 1 ? (int32_t) s->oc : 0;
 
-    const bool prefill = path < 0 ? batch >= ESCHA_MTL_PREFILL_MIN : path == 1;
+    if (path == ESCHA_MTL_PATH_AUTO) {
+        path = !s->moe && batch >= ESCHA_MTL_MMA_MIN ? ESCHA_MTL_PATH_MMA
+             : batch >= ESCHA_MTL_PREFILL_MIN        ? ESCHA_MTL_PATH_PREFILL
+                                                     : ESCHA_MTL_PATH_GEMV;
+    }
+    if (path < ESCHA_MTL_PATH_GEMV || path > ESCHA_MTL_PATH_MMA || (s->moe && path == ESCHA_MTL_PATH_MMA)) {
+        return false;
+    }
+    const bool prefill = path == ESCHA_MTL_PATH_PREFILL;
     const int nob = (int) (s->oc / 128);
     const int threads = ESCHA_MTL_SIMD;
     const size_t smem_gemv = 2 * ESCHA_MTL_NSG * 128 * sizeof(float);
     const size_t smem_prefill = 2 * ESCHA_MTL_NR * 128 * sizeof(float);
+    const size_t smem_mma = (ESCHA_MTL_NR_MMA + 16) * 128 * sizeof(float);
     const int chunks = (int) ((batch + ESCHA_MTL_NR - 1) / ESCHA_MTL_NR);
+    const int chunks_mma = (int) ((batch + ESCHA_MTL_NR_MMA - 1) / ESCHA_MTL_NR_MMA);
 
     if (!s->moe) {
         a.nrows = (int32_t) batch;
@@ -126,7 +144,9 @@ static inline bool escha_metal_make_plan(const escha_metal_shape * s, int path, 
         a.ne12 = (int32_t) s->x_ne[2];
         a.n_used = 1;
         r.n = 1;
-        if (prefill) {
+        if (path == ESCHA_MTL_PATH_MMA) {
+            escha_metal_set_dispatch(&r.d[0], "linear_mma", s->k, nob, chunks_mma, 1, threads, ESCHA_MTL_NSG, smem_mma);
+        } else if (prefill) {
             escha_metal_set_dispatch(&r.d[0], "linear_prefill", s->k, nob, chunks, 1, threads, ESCHA_MTL_NSG, smem_prefill);
         } else {
             escha_metal_set_dispatch(&r.d[0], "linear_gemv", s->k, nob, (int) batch, 1, threads, ESCHA_MTL_NSG, smem_gemv);

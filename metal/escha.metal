@@ -17,6 +17,8 @@
 // threadgroup barrier; one barrier joins the partial sums at the end.
 // Prefill: each decoded tile is used for ESCHA_MTL_NR rows; the simdgroups
 // split the 8 output tiles of the block and share the transformed inputs.
+// Large dense batches: tiles decoded into threadgroup memory, multiplied by
+// ESCHA_MTL_NR_MMA rows with simdgroup 8x8 matrix multiply-accumulates.
 //
 // This file also compiles as C++ through metal/shim/metal-shim.h, which is
 // how the kernels are executed and tested on Linux.
@@ -246,10 +248,12 @@ static inline void escha_gemv_row(constant escha_metal_args & args, escha_weight
 }
 
 // The rows of one prefill step: x[r] and y[r] null past the last row.
-struct escha_rows {
-    device const float * x[ESCHA_MTL_NR];
-    device       float * y[ESCHA_MTL_NR];
+template <int NR>
+struct escha_rows_t {
+    device const float * x[NR];
+    device       float * y[NR];
 };
+typedef escha_rows_t<ESCHA_MTL_NR> escha_rows;
 
 // Prefill: up to NR input rows (x[r] null past the last) -> outputs
 // [ob*128, ob*128 + 128) of each. Simdgroup sg multiplies output tiles
@@ -335,6 +339,104 @@ static inline void escha_prefill_rows(constant escha_metal_args & args, escha_we
     }
 }
 
+// Prefill with simdgroup matrices: up to NR_MMA rows -> outputs
+// [ob*128, ob*128 + 128) of each. Per 16-row strip of the weight, the 4
+// simdgroups decode the strip's 8 tiles (2 each) into threadgroup memory;
+// then simdgroup sg multiplies all rows by the strip's columns
+// 32sg .. 32sg+31 with 8x8 matrix multiply-accumulates. xh and the weights
+// are f16 values, so every product is exact in f32, as in the reference.
+// shm: NR_MMA*128 floats of inputs (reused for the sums) + 16*128 floats of weights.
+template <int K>
+static inline void escha_mma_rows(constant escha_metal_args & args, escha_weights w,
+        thread const escha_rows_t<ESCHA_MTL_NR_MMA> & rows, int ob,
+        threadgroup float * shm, ushort lane, ushort sg) {
+    const int NR = ESCHA_MTL_NR_MMA;
+    const int NTB = NR / 8; // 8-row blocks of rows
+    threadgroup float * sx = shm;
+    threadgroup float * sw = shm + NR * 128;
+    const int nkb = args.ic / 128;
+    const int ntoc = args.oc / 16;
+    const int tw = 8 * K;
+
+    simdgroup_float8x8 acc[NTB][4]; // [row block][8-column block of this simdgroup's 32 columns]
+    ESCHA_UNROLL
+    for (int tb = 0; tb < NTB; tb++) {
+        ESCHA_UNROLL
+        for (int cb = 0; cb < 4; cb++) {
+            acc[tb][cb] = make_filled_simdgroup_matrix<float, 8>(0.0f);
+        }
+    }
+
+    for (int kb = 0; kb < nkb; kb++) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
+            float4 xh = float4(0.0f);
+            if (rows.x[r]) {
+                xh = escha_input_block(rows.x[r] + kb * 128, w.rin + kb * 128,
+                                       w.s_in ? w.s_in + kb * 128 : nullptr, lane);
+            }
+            ESCHA_UNROLL
+            for (int q = 0; q < 4; q++) {
+                sx[r * 128 + 32 * q + lane] = xh[q];
+            }
+        }
+        for (int ktl = 0; ktl < 8; ktl++) {
+            threadgroup_barrier(mem_flags::mem_threadgroup); // inputs written, last strip read
+            device const uint * tiles = w.code + ((ulong) (kb * 8 + ktl) * ntoc + ob * 8 + 2 * sg) * tw;
+            for (int n = 0; n < 2; n++) {
+                float v[8];
+                escha_decode_lane<K>(tiles + n * tw, lane, v);
+                ESCHA_UNROLL
+                for (int j = 0; j < 8; j++) {
+                    const int row = (lane & 3) * 2 + (j & 1) + ((j >> 1) & 1) * 8;
+                    const int col = (2 * sg + n) * 16 + (lane >> 2) + (j >= 4 ? 8 : 0);
+                    sw[row * 128 + col] = v[j];
+                }
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            ESCHA_UNROLL
+            for (int kk = 0; kk < 2; kk++) {
+                simdgroup_float8x8 b[4];
+                ESCHA_UNROLL
+                for (int cb = 0; cb < 4; cb++) {
+                    simdgroup_load(b[cb], sw + kk * 8 * 128 + sg * 32 + cb * 8, 128);
+                }
+                ESCHA_UNROLL
+                for (int tb = 0; tb < NTB; tb++) {
+                    simdgroup_float8x8 a;
+                    simdgroup_load(a, sx + tb * 8 * 128 + ktl * 16 + kk * 8, 128);
+                    ESCHA_UNROLL
+                    for (int cb = 0; cb < 4; cb++) {
+                        simdgroup_multiply_accumulate(acc[tb][cb], a, b[cb], acc[tb][cb]);
+                    }
+                }
+            }
+        }
+    }
+
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    ESCHA_UNROLL
+    for (int tb = 0; tb < NTB; tb++) {
+        ESCHA_UNROLL
+        for (int cb = 0; cb < 4; cb++) {
+            simdgroup_store(acc[tb][cb], sx + tb * 8 * 128 + sg * 32 + cb * 8, 128);
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const int o = ob * 128;
+    for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
+        if (rows.y[r]) {
+            float4 mid;
+            ESCHA_UNROLL
+            for (int q = 0; q < 4; q++) {
+                mid[q] = sx[r * 128 + 32 * q + lane];
+            }
+            escha_output_block(mid, w.rout + o, w.s_out ? w.s_out + o : nullptr, w.bias ? w.bias + o : nullptr,
+                               rows.y[r] + o, lane);
+        }
+    }
+}
+
 // ---- dense: GGML_OP_ESCHA_LINEAR ------------------------------------------
 
 static inline device const float * escha_dense_row(constant escha_metal_args & args, device const char * x, int row) {
@@ -389,6 +491,32 @@ kernel void kernel_escha_linear_prefill(
         rows.y[r] = row < args.nrows ? dst + (ulong) row * args.oc : nullptr;
     }
     escha_prefill_rows<K>(args, w, rows, tgpig.x, shm, lane, sg);
+}
+
+// grid (OC/128, ceil(rows/NR_MMA), 1), threads (32, NSG, 1)
+template <int K>
+kernel void kernel_escha_linear_mma(
+        constant escha_metal_args & args [[buffer(0)]],
+        device const char  * code  [[buffer(1)]],
+        device const char  * x     [[buffer(2)]],
+        device const half  * rin   [[buffer(3)]],
+        device const half  * rout  [[buffer(4)]],
+        device const float * s_in  [[buffer(5)]],
+        device const float * s_out [[buffer(6)]],
+        device const float * bias  [[buffer(7)]],
+        device       float * dst   [[buffer(8)]],
+        threadgroup  float * shm   ESCHA_TG_MEM(0),
+        uint3  tgpig [[threadgroup_position_in_grid]],
+        ushort lane  [[thread_index_in_simdgroup]],
+        ushort sg    [[simdgroup_index_in_threadgroup]]) {
+    const escha_weights w = escha_weights_of(args, 0, code, rin, rout, s_in, s_out, bias);
+    escha_rows_t<ESCHA_MTL_NR_MMA> rows;
+    for (int r = 0; r < ESCHA_MTL_NR_MMA; r++) {
+        const int row = tgpig.y * ESCHA_MTL_NR_MMA + r;
+        rows.x[r] = row < args.nrows ? escha_dense_row(args, x, row) : nullptr;
+        rows.y[r] = row < args.nrows ? dst + (ulong) row * args.oc : nullptr;
+    }
+    escha_mma_rows<K>(args, w, rows, tgpig.x, shm, lane, sg);
 }
 
 // ---- expert-indexed: GGML_OP_ESCHA_MOE ------------------------------------
@@ -533,6 +661,7 @@ kernel void kernel_escha_decode(
 
 typedef decltype(kernel_escha_linear_gemv<2>)    escha_linear_gemv_t;
 typedef decltype(kernel_escha_linear_prefill<2>) escha_linear_prefill_t;
+typedef decltype(kernel_escha_linear_mma<2>)     escha_linear_mma_t;
 typedef decltype(kernel_escha_moe_gemv<2>)       escha_moe_gemv_t;
 typedef decltype(kernel_escha_moe_prefill<2>)    escha_moe_prefill_t;
 typedef decltype(kernel_escha_decode<2>)         escha_decode_t;
@@ -541,6 +670,8 @@ template [[host_name("kernel_escha_linear_gemv_k2")]]    kernel escha_linear_gem
 template [[host_name("kernel_escha_linear_gemv_k3")]]    kernel escha_linear_gemv_t    kernel_escha_linear_gemv<3>;
 template [[host_name("kernel_escha_linear_prefill_k2")]] kernel escha_linear_prefill_t kernel_escha_linear_prefill<2>;
 template [[host_name("kernel_escha_linear_prefill_k3")]] kernel escha_linear_prefill_t kernel_escha_linear_prefill<3>;
+template [[host_name("kernel_escha_linear_mma_k2")]]     kernel escha_linear_mma_t     kernel_escha_linear_mma<2>;
+template [[host_name("kernel_escha_linear_mma_k3")]]     kernel escha_linear_mma_t     kernel_escha_linear_mma<3>;
 template [[host_name("kernel_escha_moe_gemv_k2")]]       kernel escha_moe_gemv_t       kernel_escha_moe_gemv<2>;
 template [[host_name("kernel_escha_moe_gemv_k3")]]       kernel escha_moe_gemv_t       kernel_escha_moe_gemv<3>;
 template [[host_name("kernel_escha_moe_prefill_k2")]]    kernel escha_moe_prefill_t    kernel_escha_moe_prefill<2>;

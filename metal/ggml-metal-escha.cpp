@@ -66,7 +66,7 @@ bool ggml_metal_escha_supports_op(const ggml_tensor * op) {
     }
     const escha_metal_shape s = escha_shape_of(op);
     escha_metal_plan p;
-    return escha_metal_make_plan(&s, -1, &p);
+    return escha_metal_make_plan(&s, ESCHA_MTL_PATH_AUTO, &p);
 }
 
 size_t ggml_metal_escha_extra_size(const ggml_tensor * op) {
@@ -95,7 +95,7 @@ int ggml_metal_escha_encode(ggml_metal_library_t lib, ggml_metal_encoder_t enc, 
     const int o = moe ? 3 : 2;
     const escha_metal_shape s = escha_shape_of(op);
     escha_metal_plan p;
-    if (!escha_metal_make_plan(&s, -1, &p)) {
+    if (!escha_metal_make_plan(&s, ESCHA_MTL_PATH_AUTO, &p)) {
         GGML_ABORT("%s: escha op %s (code %s) has a shape the Metal kernels do not take", __func__, op->name,
                    op->src[0]->name);
     }

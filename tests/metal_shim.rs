@@ -62,6 +62,7 @@ extern "C" {
 const AUTO: i32 = -1;
 const GEMV: i32 = 0;
 const PREFILL: i32 = 1;
+const MMA: i32 = 2;
 
 fn opt<T>(v: Option<&[T]>) -> *const T {
     v.map_or(std::ptr::null(), |v| v.as_ptr())
@@ -178,9 +179,13 @@ fn dense_matches_reference() {
             for m in [1, 17, 33] {
                 all.push(dense_case(&p, m, AUTO, 1000 + m as u64));
             }
-            // The other kernel for the same batches: GEMV for 17 rows, prefill for one.
+            // The other kernels for the same batches (auto: GEMV below 8 rows,
+            // prefill below 32, simdgroup matrices from 32).
             all.push(dense_case(&p, 17, GEMV, 2017));
             all.push(dense_case(&p, 1, PREFILL, 2001));
+            all.push(dense_case(&p, 33, PREFILL, 2033));
+            all.push(dense_case(&p, 1, MMA, 3001));
+            all.push(dense_case(&p, 17, MMA, 3017));
             let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
             all.push(dense_case(&p, 2, AUTO, 3002));
             let p = dense_problem(13 * k as u64 + oc as u64, k, ic, oc, true, false);
@@ -194,7 +199,7 @@ fn dense_matches_reference() {
 /// follow nb11/nb12, as for a view.
 #[test]
 fn dense_follows_input_strides() {
-    for path in [GEMV, PREFILL] {
+    for path in [GEMV, PREFILL, MMA] {
         let p = dense_problem(77, 2, 256, 384, true, true);
         let (ic, ne11, ne12, ld) = (256, 5, 3, 256 + 40);
         let m = ne11 * ne12;
@@ -439,12 +444,16 @@ fn host_plan() {
     assert_eq!(p.grid[0], [17408 / 128, 1, 1, 32, 4, 1, 2 * 4 * 128 * 4]);
     assert_eq!((p.args.ic, p.args.oc, p.args.nrows, p.args.nb11), (5120, 17408, 1, 5120 * 4));
     assert_eq!(p.args.code_es, 5120 / 16 * (17408 / 16) * 32 * 2);
-    // Batch 7 still GEMV, 8 switches to prefill: 8 rows per threadgroup.
+    // Batch 7 still GEMV, 8 to 31 prefill (8 rows per threadgroup), from 32
+    // simdgroup matrices (32 rows per threadgroup).
     assert_eq!(plan(false, 3, 256, 384, 1, 7, 1, 1, AUTO).names[0], "kernel_escha_linear_gemv_k3");
-    let p = plan(false, 3, 17408, 5120, 1, 512, 1, 1, AUTO);
+    let p = plan(false, 3, 256, 384, 1, 31, 1, 1, AUTO);
     assert_eq!(p.names[0], "kernel_escha_linear_prefill_k3");
-    assert_eq!(p.grid[0], [5120 / 128, 512 / 8, 1, 32, 4, 1, 2 * 8 * 128 * 4]);
-    assert_eq!(plan(false, 2, 256, 384, 1, 33, 1, 1, AUTO).grid[0][1], 5, "ceil(33 / 8) row blocks");
+    assert_eq!(p.grid[0], [3, 4, 1, 32, 4, 1, 2 * 8 * 128 * 4], "ceil(31 / 8) row blocks");
+    let p = plan(false, 3, 17408, 5120, 1, 512, 1, 1, AUTO);
+    assert_eq!(p.names[0], "kernel_escha_linear_mma_k3");
+    assert_eq!(p.grid[0], [5120 / 128, 512 / 32, 1, 32, 4, 1, (32 + 16) * 128 * 4]);
+    assert_eq!(plan(false, 2, 256, 384, 1, 33, 1, 1, AUTO).grid[0][1], 2, "ceil(33 / 32) row blocks");
     assert_eq!(p.scratch, 0);
     // MoE decode: one threadgroup per (128 outputs, slot, token), no scratch.
     let p = plan(true, 2, 2048, 1024, 256, 1, 8, 1, AUTO);
@@ -465,4 +474,5 @@ fn host_plan() {
     assert_eq!(plan(false, 2, 200, 384, 1, 1, 1, 1, AUTO).n, -1, "IC not a multiple of 128");
     assert_eq!(plan(false, 4, 256, 384, 1, 1, 1, 1, AUTO).n, -1, "K = 4");
     assert_eq!(plan(true, 2, 256, 384, 4, 3, 3, 2, AUTO).n, -1, "NX must divide n_used");
+    assert_eq!(plan(true, 2, 256, 384, 4, 64, 2, 1, MMA).n, -1, "no simdgroup-matrix MoE kernel");
 }

@@ -280,6 +280,15 @@ void body_linear_prefill(const void * l, const ThreadCtx & t) {
 }
 
 template <int K>
+void body_linear_mma(const void * l, const ThreadCtx & t) {
+    const Launch * L = (const Launch *) l;
+    escha_metal_args a = L->args;
+    kernel_escha_linear_mma<K>(a, B(1, const char *), B(2, const char *), B(3, const half *), B(4, const half *),
+                               B(5, const float *), B(6, const float *), B(7, const float *), (float *) L->buf[8],
+                               t.shm, t.tgpig, t.lane, t.sg);
+}
+
+template <int K>
 void body_moe_gemv(const void * l, const ThreadCtx & t) {
     const Launch * L = (const Launch *) l;
     escha_metal_args a = L->args;
@@ -323,6 +332,8 @@ const Entry kLibrary[] = {
     {"kernel_escha_linear_gemv_k3", body_linear_gemv<3>},
     {"kernel_escha_linear_prefill_k2", body_linear_prefill<2>},
     {"kernel_escha_linear_prefill_k3", body_linear_prefill<3>},
+    {"kernel_escha_linear_mma_k2", body_linear_mma<2>},
+    {"kernel_escha_linear_mma_k3", body_linear_mma<3>},
     {"kernel_escha_moe_gemv_k2", body_moe_gemv<2>},
     {"kernel_escha_moe_gemv_k3", body_moe_gemv<3>},
     {"kernel_escha_moe_map", body_moe_map},
@@ -420,7 +431,7 @@ int escha_metal_shim_plan(int moe, int k, int64_t ic, int64_t oc, int64_t n_expe
 }
 
 // Dense op: x rows at x + i1*nb11 + i2*nb12 (bytes), i1 < ne11, i2 < ne12;
-// y [ne12*ne11][oc] f32. rin/rout f16 bits. path: -1 auto, 0 GEMV, 1 prefill.
+// y [ne12*ne11][oc] f32. rin/rout f16 bits. path: an escha_metal_path.
 int escha_metal_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t ne11,
                             int64_t ne12, uint64_t nb11, uint64_t nb12, const uint16_t * rin, const uint16_t * rout,
                             const float * s_in, const float * s_out, const float * bias, float * y, int path) {

@@ -126,4 +126,56 @@ static inline T simd_shuffle_xor(T v, ushort mask) {
     return r;
 }
 
+// ---- simdgroup matrices -------------------------------------------------------
+// On the GPU an 8x8 simdgroup matrix is spread over the 32 lanes and every
+// operation on it is collective. Here each lane holds the whole matrix and
+// performs the whole operation: the same values, as long as all lanes of
+// the simdgroup execute the operation (the kernels only use them uniformly).
+struct simdgroup_float8x8 {
+    float m[64]; // row-major
+};
+
+template <typename T, int N>
+static inline simdgroup_float8x8 make_filled_simdgroup_matrix(T v) {
+    static_assert(N == 8, "8x8 only");
+    simdgroup_float8x8 r;
+    for (float & e : r.m) {
+        e = v;
+    }
+    return r;
+}
+
+static inline void simdgroup_load(simdgroup_float8x8 & d, const float * src, ulong elements_per_row = 8) {
+    for (int i = 0; i < 8; i++) {
+        for (int j = 0; j < 8; j++) {
+            d.m[8 * i + j] = src[i * elements_per_row + j];
+        }
+    }
+}
+
+static inline void simdgroup_store(const simdgroup_float8x8 & a, float * dst, ulong elements_per_row = 8) {
+    for (int i = 0; i < 8; i++) {
+        for (int j = 0; j < 8; j++) {
+            dst[i * elements_per_row + j] = a.m[8 * i + j];
+        }
+    }
+}
+
+// d = a * b + c, f32 products summed in k order (the hardware's order is
+// unspecified; the tests allow for any order).
+static inline void simdgroup_multiply_accumulate(simdgroup_float8x8 & d, const simdgroup_float8x8 & a,
+                                                 const simdgroup_float8x8 & b, const simdgroup_float8x8 & c) {
+    simdgroup_float8x8 r;
+    for (int i = 0; i < 8; i++) {
+        for (int j = 0; j < 8; j++) {
+            float s = c.m[8 * i + j];
+            for (int k = 0; k < 8; k++) {
+                s += a.m[8 * i + k] * b.m[8 * k + j];
+            }
+            r.m[8 * i + j] = s;
+        }
+    }
+    d = r;
+}
+
 #endif // ESCHA_METAL_SHIM_H
