@@ -11,8 +11,10 @@
 #include <cmath>
 #include <vector>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -22,12 +24,113 @@ namespace {
 struct registration {
     const llama_model * model;
     llama_escha_weight w;
+    // What creating `<stem>.bias` later needs.
+    std::string stem;
+    llm_arch arch;
+    llm_tensor tensor;
+    int bid, xid, flags;
+    int64_t oc, n_exp;
+};
+
+// Per model being loaded.
+struct model_state {
+    bool published = false;  // `<arch>.escha.version` = 1 (§8 layout (a))
+    bool apply_bias = true;  // escha.apply_bias, absent = true
+    bool creating_bias = false;
+    std::set<std::string> arch_biases; // stems whose bias the architecture creates itself
 };
 
 std::mutex g_mutex;
 std::unordered_map<const ggml_tensor *, registration> g_weights;
+std::unordered_map<const void *, model_state> g_models;
 
 const char * const k_leaves[] = { "escha_code", "escha_rin", "escha_rout", "escha_s_in", "escha_s_out" };
+const char * const k_published_tables[] = { "escha_lut", "escha_dep_k2", "escha_dep_k3" };
+
+// The cbA codebook value of a state (docs/FORMAT.md §3), to check a file's
+// lookup table against. libllama cannot call the CPU backend's reference,
+// so the three-instruction hash is restated here with ggml's RNE halves.
+uint16_t cba_half(uint32_t state) {
+    const uint32_t r = ((state * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    return ggml_fp32_to_fp16(ggml_fp16_to_fp32((ggml_fp16_t) (r & 0xFFFF)) + ggml_fp16_to_fp32((ggml_fp16_t) (r >> 16)));
+}
+
+std::vector<uint8_t> read_from_file(llama_model_loader & ml, const char * name) {
+    const auto * w = ml.get_weight(name);
+    std::vector<uint8_t> buf(ggml_nbytes(w->tensor));
+    ml.files.at(w->idx)->seek(w->offs, SEEK_SET);
+    ml.files.at(w->idx)->read_raw(buf.data(), buf.size());
+    return buf;
+}
+
+// The published layout's global tables: the lookup table must be our
+// codebook bit for bit; the dependency tables are checked for shape only.
+void check_published_tables(llama_model_loader & ml) {
+    if (const ggml_tensor * lut = ml.get_tensor_meta("escha_lut")) {
+        if (lut->type != GGML_TYPE_F16 || ggml_nelements(lut) != 65536 || lut->ne[0] != 65536) {
+            throw std::runtime_error(format("escha_lut: %s with %lld entries, expected f16[65536]", ggml_type_name(lut->type), (long long) ggml_nelements(lut)));
+        }
+        const std::vector<uint8_t> raw = read_from_file(ml, "escha_lut");
+        const auto * v = (const uint16_t *) raw.data();
+        for (uint32_t s = 0; s < 65536; s++) {
+            if (v[s] != cba_half(s)) {
+                throw std::runtime_error(format("escha_lut: entry %u is 0x%04x but codebook cbA (id 1) gives 0x%04x; "
+                    "the file was coded with another codebook", s, v[s], cba_half(s)));
+            }
+        }
+    }
+    for (const char * name : { "escha_dep_k2", "escha_dep_k3" }) {
+        const ggml_tensor * t = ml.get_tensor_meta(name);
+        if (t != nullptr && (t->type != GGML_TYPE_I16 || t->ne[0] != 16 || t->ne[1] != 256 || t->ne[2] != 1 || t->ne[3] != 1)) {
+            throw std::runtime_error(format("%s: %s {%lld, %lld, %lld, %lld}, expected i16 {16, 256}", name, ggml_type_name(t->type),
+                (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3]));
+        }
+    }
+}
+
+// A bool key, honouring --override-kv.
+bool get_bool(llama_model_loader & ml, const char * key, bool absent) {
+    if (auto it = ml.kv_overrides.find(key); it != ml.kv_overrides.end() && it->second.tag == LLAMA_KV_OVERRIDE_TYPE_BOOL) {
+        return it->second.val_bool;
+    }
+    const int64_t id = gguf_find_key(ml.metadata, key);
+    if (id < 0) {
+        return absent;
+    }
+    if (gguf_get_kv_type(ml.metadata, id) != GGUF_TYPE_BOOL) {
+        throw std::runtime_error(format("%s: type %s, expected bool", key, gguf_type_name(gguf_get_kv_type(ml.metadata, id))));
+    }
+    return gguf_get_val_bool(ml.metadata, id);
+}
+
+// Reads the escha keys once per model. Caller holds g_mutex.
+model_state & state_of(const llama_model_base & model, llama_model_loader & ml) {
+    auto [it, fresh] = g_models.try_emplace(&model);
+    model_state & st = it->second;
+    if (!fresh) {
+        return st;
+    }
+    uint32_t version = 0;
+    if (ml.get_key(std::string("escha.format_version"), version, false) && version != 2) {
+        throw std::runtime_error(format("escha.format_version = %u; this reader knows version 2 (docs/FORMAT.md §8)", version));
+    }
+    const std::string published_key = ml.get_arch_name() + ".escha.version";
+    if (ml.get_key(published_key, version, false)) {
+        if (version != 1) {
+            throw std::runtime_error(format("%s = %u; only the published layout version 1 is known", published_key.c_str(), version));
+        }
+        st.published = true;
+        check_published_tables(ml);
+        // Its tensors are brought to upstream's conventions in place after
+        // loading (llama_escha_finish_load), which a read-only mapping forbids.
+        if (ml.use_mmap) {
+            LLAMA_LOG_INFO("%s: %s = 1 (published layout): loading without mmap to reconcile its tensors\n", __func__, published_key.c_str());
+            ml.use_mmap = false;
+        }
+    }
+    st.apply_bias = get_bool(ml, "escha.apply_bias", true);
+    return st;
+}
 
 } // namespace
 
@@ -35,6 +138,19 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
                                std::initializer_list<int64_t> ne, int flags, ggml_tensor ** out) {
     using L = llama_model_loader;
     *out = nullptr;
+    if (tn.suffix != nullptr && strcmp(tn.suffix, "bias") == 0 && !ml.files.empty()) {
+        // The architecture adds this bias itself: the escha op must not.
+        const std::string name = tn.str();
+        const std::string stem = name.substr(0, name.size() - strlen(".bias"));
+        if (ml.get_tensor_meta((stem + ".escha_code").c_str()) != nullptr) {
+            std::lock_guard<std::mutex> lock(g_mutex);
+            model_state & st = state_of(model, ml);
+            if (!st.creating_bias) {
+                st.arch_biases.insert(stem);
+            }
+        }
+        return false;
+    }
     if (tn.suffix == nullptr || strcmp(tn.suffix, "weight") != 0 || ml.files.empty()) {
         return false;
     }
@@ -115,9 +231,51 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
     check_type(w.s_out, GGML_TYPE_F32);
 
     std::lock_guard<std::mutex> lock(g_mutex);
-    g_weights[w.code] = { &model, w };
+    state_of(model, ml);
+    g_weights[w.code] = { &model, w, stem, tn.arch, tn.tensor, tn.bid, tn.xid, req_flags, oc, experts ? n_exp : 0 };
     *out = w.code;
     return true;
+}
+
+void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & ml) {
+    std::vector<registration *> want_bias;
+    bool published = false, apply_bias = true;
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        auto st = g_models.find(&model);
+        if (st == g_models.end()) {
+            if (ml.get_tensor_meta("escha_lut") != nullptr) {
+                throw std::runtime_error("escha_lut: global escha tables without coded weights or the published layout's version key");
+            }
+            return; // no coded weight in this model
+        }
+        published = st->second.published;
+        apply_bias = st->second.apply_bias;
+        for (auto & [code, reg] : g_weights) {
+            if (reg.model == (const llama_model *) &model && !st->second.arch_biases.count(reg.stem) &&
+                ml.get_tensor_meta((reg.stem + ".bias").c_str()) != nullptr) {
+                want_bias.push_back(&reg);
+            }
+        }
+        st->second.creating_bias = true;
+    }
+    for (registration * reg : want_bias) {
+        const LLM_TN_IMPL tn(reg->arch, reg->tensor, "bias", reg->bid, reg->xid);
+        ggml_tensor * b = reg->n_exp > 0 ? model.create_tensor(ml, tn, { reg->oc, reg->n_exp }, reg->flags)
+                                         : model.create_tensor(ml, tn, { reg->oc }, reg->flags);
+        if (b != nullptr && b->type != GGML_TYPE_F32 && b->type != GGML_TYPE_F16) {
+            throw std::runtime_error(format("%s: type %s, expected f32 (or f16)", ggml_get_name(b), ggml_type_name(b->type)));
+        }
+        std::lock_guard<std::mutex> lock(g_mutex);
+        reg->w.bias = apply_bias ? b : nullptr; // created either way: every file tensor must be
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_models[&model].creating_bias = false;
+    if (published) {
+        for (const char * name : k_published_tables) {
+            ml.n_created += ml.get_tensor_meta(name) != nullptr; // checked, never loaded
+        }
+    }
 }
 
 const llama_escha_weight * llama_escha_find(const ggml_tensor * w) {
@@ -129,7 +287,113 @@ const llama_escha_weight * llama_escha_find(const ggml_tensor * w) {
     return it == g_weights.end() ? nullptr : &it->second.w;
 }
 
-void llama_escha_check_values(const llama_model * model) {
+namespace {
+
+// Moves `n_heads` groups of `unit` consecutive indices along `axis`, starting
+// at index `first`: group j of the result is group src[j] of the input, in
+// every slab of the other dimensions. The tensor must be contiguous; along
+// axis 0 only for non-block types.
+void move_heads(ggml_tensor * t, int axis, int64_t first, int64_t unit, const std::vector<int64_t> & src) {
+    if (t == nullptr) {
+        return;
+    }
+    if (!ggml_is_contiguous(t) || (axis == 0 && ggml_blck_size(t->type) != 1)) {
+        throw std::runtime_error(format("%s: cannot reorder DeltaNet V heads in a %s tensor along dim %d", ggml_get_name(t), ggml_type_name(t->type), axis));
+    }
+    if (first + (int64_t) src.size() * unit > t->ne[axis]) {
+        throw std::runtime_error(format("%s: V heads %lld..%lld exceed ne[%d] = %lld", ggml_get_name(t), (long long) first,
+            (long long) (first + src.size() * unit), axis, (long long) t->ne[axis]));
+    }
+    std::vector<uint8_t> a(ggml_nbytes(t));
+    ggml_backend_tensor_get(t, a.data(), 0, a.size());
+    std::vector<uint8_t> b = a;
+    const size_t stride = t->nb[axis], slab = t->nb[axis] * t->ne[axis];
+    for (size_t o = 0; o < a.size() / slab; o++) {
+        for (size_t j = 0; j < src.size(); j++) {
+            memcpy(b.data() + o * slab + (first + j * unit) * stride, a.data() + o * slab + (first + src[j] * unit) * stride, unit * stride);
+        }
+    }
+    ggml_backend_tensor_set(t, b.data(), 0, b.size());
+}
+
+// Upstream's converter stores DeltaNet V heads tiled ([K0, K1, .., K0, K1, ..])
+// where checkpoints group them by key head; the published layout keeps the
+// grouped order. Coded weights move by whole 128-channel blocks (8 tiles),
+// with their per-channel vectors (docs/FORMAT.md §8).
+void reorder_v_heads(llama_model * model, int il) {
+    const auto & hp = model->hparams;
+    auto & L = model->layers[il];
+    const int64_t nk = hp.ssm_n_group, nv = hp.ssm_dt_rank;
+    if (nk == 0 || nv == 0 || nk == nv) {
+        return;
+    }
+    const int64_t hv = hp.ssm_d_inner / nv, qk = 2 * nk * hp.ssm_d_state, per_k = nv / nk;
+    std::vector<int64_t> src(nv);
+    for (int64_t j = 0; j < nv; j++) {
+        src[j] = (j % nk) * per_k + j / nk;
+    }
+    move_heads(L.ssm_a, 0, 0, 1, src);
+    move_heads(L.ssm_dt, 0, 0, 1, src);
+    move_heads(L.ssm_beta, 1, 0, 1, src);
+    move_heads(L.ssm_alpha, 1, 0, 1, src);
+    move_heads(L.ssm_conv1d, 1, qk, hv, src);
+    // Output channels (rows) of the V part of qkv and of the z gate.
+    for (auto [w, first] : { std::pair<ggml_tensor *, int64_t>{ L.wqkv, qk }, { L.wqkv_gate, 0 } }) {
+        if (const llama_escha_weight * e = llama_escha_find(w)) {
+            if (first % 128 != 0 || hv % 128 != 0) {
+                throw std::runtime_error(format("%s: V heads of %lld channels at offset %lld are not whole 128-channel blocks", ggml_get_name(w), (long long) hv, (long long) first));
+            }
+            move_heads(e->code, 1, first / 16, hv / 16, src);
+            move_heads(e->rout, 0, first, hv, src);
+            move_heads(e->s_out, 0, first, hv, src);
+            move_heads(e->bias, 0, first, hv, src);
+        } else {
+            move_heads(w, 1, first, hv, src);
+        }
+    }
+    // Input channels (columns) of the output projection.
+    if (const llama_escha_weight * e = llama_escha_find(L.ssm_out)) {
+        if (hv % 128 != 0) {
+            throw std::runtime_error(format("%s: V heads of %lld channels are not whole 128-channel blocks", ggml_get_name(L.ssm_out), (long long) hv));
+        }
+        move_heads(e->code, 2, 0, hv / 16, src);
+        move_heads(e->rin, 0, 0, hv, src);
+        move_heads(e->s_in, 0, 0, hv, src);
+    } else {
+        move_heads(L.ssm_out, 0, 0, hv, src);
+    }
+}
+
+// ssm_a holds raw A_log in the published layout; upstream's graph wants -exp(A_log).
+void a_from_a_log(ggml_tensor * t) {
+    if (t->type != GGML_TYPE_F32) {
+        throw std::runtime_error(format("%s: type %s, expected f32 A_log", ggml_get_name(t), ggml_type_name(t->type)));
+    }
+    std::vector<float> v(ggml_nelements(t));
+    ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
+    for (float & x : v) {
+        x = -expf(x);
+    }
+    ggml_backend_tensor_set(t, v.data(), 0, ggml_nbytes(t));
+}
+
+} // namespace
+
+void llama_escha_finish_load(llama_model * model) {
+    bool published = false;
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        auto st = g_models.find((const llama_model_base *) model);
+        published = st != g_models.end() && st->second.published;
+    }
+    if (published) {
+        for (int il = 0; il < (int) model->layers.size(); il++) {
+            if (model->layers[il].ssm_a != nullptr) {
+                a_from_a_log(model->layers[il].ssm_a);
+                reorder_v_heads(model, il);
+            }
+        }
+    }
     std::vector<const ggml_tensor *> vecs;
     {
         std::lock_guard<std::mutex> lock(g_mutex);
@@ -159,6 +423,7 @@ void llama_escha_check_values(const llama_model * model) {
 
 void llama_escha_forget(const llama_model * model) {
     std::lock_guard<std::mutex> lock(g_mutex);
+    g_models.erase((const llama_model_base *) model);
     for (auto it = g_weights.begin(); it != g_weights.end();) {
         it = it->second.model == model ? g_weights.erase(it) : std::next(it);
     }
@@ -189,6 +454,16 @@ ggml_tensor * llama_escha_probe(ggml_context * ctx, ggml_tensor * code, ggml_op 
     return ggml_escha_linear(ctx, code, x, rin, rout, nullptr, nullptr, nullptr);
 }
 
+// The escha op's bias: `<stem>.bias` when the architecture has none of its
+// own for this weight and escha.apply_bias is not false (then set to null
+// at load), as F32.
+static ggml_tensor * bias_of(ggml_context * ctx, const llama_escha_weight * e) {
+    if (e->bias == nullptr) {
+        return nullptr;
+    }
+    return e->bias->type == GGML_TYPE_F32 ? e->bias : ggml_cast(ctx, e->bias, GGML_TYPE_F32);
+}
+
 static ggml_tensor * rows_contiguous(ggml_context * ctx, ggml_tensor * x) {
     return x->nb[0] == ggml_type_size(x->type) ? x : ggml_cont(ctx, x);
 }
@@ -198,8 +473,7 @@ ggml_tensor * llama_escha_mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tens
     if (e == nullptr) {
         return ggml_mul_mat(ctx, w, x);
     }
-    // Biases, where the architecture has them, are added by its graph.
-    return ggml_escha_linear(ctx, e->code, rows_contiguous(ctx, x), e->rin, e->rout, e->s_in, e->s_out, nullptr);
+    return ggml_escha_linear(ctx, e->code, rows_contiguous(ctx, x), e->rin, e->rout, e->s_in, e->s_out, bias_of(ctx, e));
 }
 
 ggml_tensor * llama_escha_mul_mat_id(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) {
@@ -207,5 +481,5 @@ ggml_tensor * llama_escha_mul_mat_id(ggml_context * ctx, ggml_tensor * w, ggml_t
     if (e == nullptr) {
         return ggml_mul_mat_id(ctx, w, x, ids);
     }
-    return ggml_escha_moe(ctx, e->code, rows_contiguous(ctx, x), ids, e->rin, e->rout, e->s_in, e->s_out, nullptr);
+    return ggml_escha_moe(ctx, e->code, rows_contiguous(ctx, x), ids, e->rin, e->rout, e->s_in, e->s_out, bias_of(ctx, e));
 }

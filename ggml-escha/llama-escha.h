@@ -24,6 +24,7 @@ struct llama_escha_weight {
     ggml_tensor * rout;
     ggml_tensor * s_in;  // optional
     ggml_tensor * s_out; // optional
+    ggml_tensor * bias;  // optional: `<stem>.bias` when the architecture has none of its own
 };
 
 // The llama_model_base::create_tensor hook. Returns false when `tn` is not a
@@ -37,9 +38,17 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
 // The coded weight whose code tensor is `w`, or nullptr.
 const llama_escha_weight * llama_escha_find(const ggml_tensor * w);
 
+// After the architecture has created its tensors, before the loader counts
+// them: creates the `<stem>.bias` of coded weights that the architecture did
+// not ask for (the escha op applies them when escha.apply_bias is true), and
+// accounts for the global tables of the published layout (§8 (a)).
+void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & ml);
+
 // After the data is loaded: throws, naming the tensor, if a scale vector
-// (rin, rout, s_in, s_out) of the model holds NaN or infinity.
-void llama_escha_check_values(const llama_model * model);
+// (rin, rout, s_in, s_out) of the model holds NaN or infinity; for the
+// published layout (`<arch>.escha.version` = 1), brings its non-contract
+// conventions to upstream's (ssm_a = -exp(A_log), DeltaNet V-head order).
+void llama_escha_finish_load(llama_model * model);
 
 // Drops the registrations of a model being freed.
 void llama_escha_forget(const llama_model * model);
