@@ -19,32 +19,7 @@ fn main() {
     build_c_reference();
     println!("cargo:rustc-check-cfg=cfg(escha_metal_shim)");
     #[cfg(feature = "ggml")]
-    build_metal_shim();
-    #[cfg(feature = "ggml")]
     ggml::build();
-}
-
-/// The Metal kernels (`metal/escha.metal`) compiled as C++ through the shim
-/// header, with the executor that runs them on the CPU (`tests/metal_shim.rs`).
-/// Only with the `ggml` feature: the CPU-kernel staticlib and cross builds
-/// (no target C++ compiler) leave it out.
-#[cfg(feature = "ggml")]
-fn build_metal_shim() {
-    for f in ["metal/escha.metal", "metal/escha-metal-args.h", "metal/escha-metal-plan.h", "metal/shim/metal-shim.h", "metal/shim/executor.cpp"] {
-        println!("cargo:rerun-if-changed={f}");
-    }
-    cc::Build::new()
-        .cpp(true)
-        .file("metal/shim/executor.cpp")
-        .std("c++17")
-        // Metal's `fp contract(off)` in escha.metal, mirrored.
-        .flag_if_supported("-ffp-contract=off")
-        // Metal attributes ([[buffer(0)]], ...) and loop pragmas mean nothing to a C++ compiler.
-        .flag_if_supported("-Wno-attributes")
-        .flag_if_supported("-Wno-unknown-pragmas")
-        .warnings(true)
-        .compile("escha_metal_shim");
-    println!("cargo:rustc-cfg=escha_metal_shim");
 }
 
 fn build_c_reference() {
@@ -335,7 +310,36 @@ mod ggml {
         write_if_changed(&dst.join("kernels/escha.metal"), kernels.replace(include, &read("escha-metal-args.h")).as_bytes());
         if !cfg!(feature = "metal") {
             check_metal_host_sources(&dst);
+            build_metal_shim(&dst);
         }
+    }
+
+    /// The Metal kernels (`metal/escha.metal`) compiled as C++ through the
+    /// shim header, the executor that runs them on the CPU, and the
+    /// ggml-metal glue with a recording encoder (`tests/metal_shim.rs`).
+    /// Not with the `metal` feature: a Mac runs the real backend (and
+    /// ggml-metal defines the functions the recorder stands in for).
+    fn build_metal_shim(ggml_metal: &Path) {
+        for f in ["metal/shim/metal-shim.h", "metal/shim/executor.cpp", "metal/shim/ggml-metal-recorder.cpp"] {
+            println!("cargo:rerun-if-changed={}", manifest_dir().join(f).display());
+        }
+        cc::Build::new()
+            .cpp(true)
+            .file(manifest_dir().join("metal/shim/executor.cpp"))
+            .file(manifest_dir().join("metal/shim/ggml-metal-recorder.cpp"))
+            .file(ggml_metal.join("ggml-metal-escha.cpp"))
+            .include(ggml_metal)
+            .include(ggml_metal.join(".."))
+            .include(ggml_metal.join("../../include"))
+            .std("c++17")
+            // Metal's `fp contract(off)` in escha.metal, mirrored.
+            .flag_if_supported("-ffp-contract=off")
+            // Metal attributes ([[buffer(0)]], ...) and loop pragmas mean nothing to a C++ compiler.
+            .flag_if_supported("-Wno-attributes")
+            .flag_if_supported("-Wno-unknown-pragmas")
+            .warnings(true)
+            .compile("escha_metal_shim");
+        println!("cargo:rustc-cfg=escha_metal_shim");
     }
 
     /// Without a Mac nothing compiles ggml-metal; so that a Mac user's

@@ -7,8 +7,6 @@
 
 #include "escha-metal-plan.h"
 
-#include "ggml-impl.h"
-
 static bool escha_is_op(const ggml_tensor * op) {
     return op->op == GGML_OP_ESCHA_LINEAR || op->op == GGML_OP_ESCHA_MOE;
 }

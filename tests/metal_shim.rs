@@ -57,6 +57,16 @@ extern "C" {
         s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32, path: i32,
     ) -> i32;
     fn escha_metal_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
+    fn escha_metal_shim_ggml_linear(
+        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, pad: i64, rin: *const u16, rout: *const u16,
+        s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, log: *mut u8, log_len: usize,
+    ) -> i32;
+    fn escha_metal_shim_ggml_moe(
+        k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
+        ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
+        s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
+        log: *mut u8, log_len: usize,
+    ) -> i32;
 }
 
 const AUTO: i32 = -1;
@@ -317,6 +327,15 @@ fn run_moe(d: &MoeData, x: &[f32], r: &Route, path: i32) -> Vec<f32> {
 fn moe_case(d: &MoeData, r: &Route, path: i32, seed: u64) -> Stats {
     let x = Rng::new(seed).f32s(r.t * r.nx * d.ic, 0.0, 1.0);
     let got = run_moe(d, &x, r, path);
+    let what = format!(
+        "moe K={} E={} {}x{} T={} n_used={} nx={} path={path} scales={} shared={}",
+        d.k, d.e, d.ic, d.oc, r.t, r.n_used, r.nx, d.s_in.is_some(), d.vec_rows == 1
+    );
+    check_moe(&what, d, r, &x, &got)
+}
+
+/// `got` against the reference of every slot, within the bound.
+fn check_moe(what: &str, d: &MoeData, r: &Route, x: &[f32], got: &[f32]) -> Stats {
     // Reference of slot (t, u): expert ids[t][u] as a dense linear on
     // x[t][u % nx]. Rows of one expert go through the C reference together
     // (each row's arithmetic is independent of the others').
@@ -356,13 +375,9 @@ fn moe_case(d: &MoeData, r: &Route, path: i32, seed: u64) -> Stats {
             bias: d.bias.as_deref(),
         };
         let routing = escha_ggml::reference::Routing { ids: &r.ids, n_used: r.n_used, tokens: r.t, nx: r.nx };
-        assert_eq!(cref::moe(&moe, &x, &routing).unwrap(), want, "per-slot reference vs escha_moe");
+        assert_eq!(cref::moe(&moe, x, &routing).unwrap(), want, "per-slot reference vs escha_moe");
     }
-    let what = format!(
-        "moe K={} E={} {}x{} T={} n_used={} nx={} path={path} scales={} shared={}",
-        d.k, d.e, d.ic, d.oc, r.t, r.n_used, r.nx, d.s_in.is_some(), d.vec_rows == 1
-    );
-    check(&what, &got, &want, &bound, |i| pruned[i])
+    check(what, got, &want, &bound, |i| pruned[i])
 }
 
 #[test]
@@ -475,4 +490,81 @@ fn host_plan() {
     assert_eq!(plan(false, 4, 256, 384, 1, 1, 1, 1, AUTO).n, -1, "K = 4");
     assert_eq!(plan(true, 2, 256, 384, 4, 3, 3, 2, AUTO).n, -1, "NX must divide n_used");
     assert_eq!(plan(true, 2, 256, 384, 4, 64, 2, 1, MMA).n, -1, "no simdgroup-matrix MoE kernel");
+}
+
+fn log_text(buf: &[u8]) -> String {
+    String::from_utf8_lossy(&buf[..buf.iter().position(|&c| c == 0).unwrap_or(buf.len())]).into_owned()
+}
+
+/// The whole host path on Linux: ops built by ggml's constructors (x and
+/// ids as views), `ggml_metal_escha_supports_op`, the extra buffer size and
+/// `ggml_metal_escha_encode` of metal/ggml-metal-escha.cpp, against an
+/// encoder that records the calls and runs each dispatch with the buffers
+/// bound at that moment.
+#[test]
+fn ggml_glue_dense() {
+    for (k, ic, oc, m, pad, kernel) in [
+        (2, 256, 384, 1, 0, "kernel_escha_linear_gemv_k2"),
+        (3, 384, 256, 17, 16, "kernel_escha_linear_prefill_k3"),
+        (2, 128, 256, 33, 8, "kernel_escha_linear_mma_k2"),
+    ] {
+        let p = dense_problem(300 + m as u64, k, ic, oc, true, true);
+        let x = p.input(301, m);
+        let mut y = vec![f32::NAN; m * oc];
+        let mut log = vec![0u8; 4096];
+        let rc = unsafe {
+            escha_metal_shim_ggml_linear(
+                k as i32, ic as i64, oc as i64, p.code.as_ptr(), x.as_ptr(), m as i64, pad, f16_ptr(&p.rin),
+                f16_ptr(&p.rout), opt(p.s_in.as_deref()), opt(p.s_out.as_deref()), opt(p.bias.as_deref()),
+                y.as_mut_ptr(), log.as_mut_ptr(), log.len(),
+            )
+        };
+        let log = log_text(&log);
+        assert_eq!(rc, 0, "{log}");
+        assert!(log.starts_with(&format!("batch {m} extra 0\n")), "{log}");
+        assert!(log.contains(&format!("pipeline {kernel}\n")), "{log}");
+        assert_eq!(log.matches("dispatch").count(), 1, "{log}");
+        assert!(!log.contains("barrier") && !log.contains("error"), "{log}");
+        let l = p.linear();
+        let what = format!("ggml glue linear K={k} {ic}x{oc} m={m} x row pad {pad}");
+        check(&what, &y, &cref::linear(&l, &x, m).unwrap(), &order_bound(&l, &x, m), |i| {
+            (p.rout[i % oc] == f16::ZERO).then(|| p.bias.as_ref().unwrap()[i % oc])
+        });
+    }
+}
+
+#[test]
+fn ggml_glue_moe() {
+    // (data, route, kernels in order): decode-sized with a per-expert
+    // layout; prefill-sized with vectors shared by all experts.
+    let small = MoeData::new(400, 2, 4, 256, 384, true, false);
+    let large = MoeData::new(401, 3, 8, 384, 256, true, true);
+    for (d, r, kernels) in [
+        (&small, route(402, 1, 2, 1, 4, 4), &["kernel_escha_moe_gemv_k2"][..]),
+        (&large, route(403, 9, 3, 3, 8, 8), &["kernel_escha_moe_map", "kernel_escha_moe_prefill_k3"][..]),
+    ] {
+        let x = Rng::new(404).f32s(r.t * r.nx * d.ic, 0.0, 1.0);
+        let mut y = vec![f32::NAN; r.t * r.n_used * d.oc];
+        let mut log = vec![0u8; 4096];
+        let rows = d.vec_rows as i64;
+        let rc = unsafe {
+            escha_metal_shim_ggml_moe(
+                d.k as i32, d.e as i64, d.ic as i64, d.oc as i64, d.code.as_ptr(), x.as_ptr(), r.nx as i64,
+                r.ids.as_ptr(), r.stride as i64, r.n_used as i64, r.t as i64, f16_ptr(&d.rin), f16_ptr(&d.rout),
+                opt(d.s_in.as_deref()), rows, opt(d.s_out.as_deref()), rows, opt(d.bias.as_deref()), rows,
+                y.as_mut_ptr(), log.as_mut_ptr(), log.len(),
+            )
+        };
+        let log = log_text(&log);
+        assert_eq!(rc, 0, "{log}");
+        // The buffer type reserves the prefill slot lists after the result.
+        let extra = (d.e + 1) * (1 + r.n_used * r.t) * 4;
+        assert!(log.starts_with(&format!("batch {} extra {extra}\n", r.t)), "{log}");
+        let order: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("pipeline ")).collect();
+        assert_eq!(order, kernels, "{log}");
+        assert_eq!(log.matches("barrier").count(), kernels.len() - 1, "a barrier between map and prefill: {log}");
+        assert!(!log.contains("error"), "{log}");
+        let what = format!("ggml glue moe K={} E={} T={} nx={} ids row stride {}", d.k, d.e, r.t, r.nx, r.stride);
+        check_moe(&what, d, &r, &x, &y);
+    }
 }

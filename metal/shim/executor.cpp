@@ -380,6 +380,15 @@ void run_plan(const escha_metal_plan & p, Launch & L) {
 }
 
 } // namespace
+
+// One dispatch with the given arguments and buffers (ggml-metal-recorder.cpp).
+void run_dispatch(const escha_metal_dispatch & d, const escha_metal_args & args, const void * const * bufs) {
+    Launch L;
+    L.args = args;
+    memcpy(L.buf, bufs, sizeof L.buf);
+    dispatch(d, L);
+}
+
 } // namespace escha_shim
 
 // ---- C entry points for the tests ---------------------------------------------
