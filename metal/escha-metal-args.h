@@ -11,9 +11,6 @@
 #include <stdint.h>
 #endif
 
-// Output channels per threadgroup: one 128-block, so the output Hadamard
-// stays inside the threadgroup.
-#define ESCHA_MTL_OBLK 128
 // Simdgroups per threadgroup (both kernels) and threads per simdgroup.
 #define ESCHA_MTL_NSG 4
 #define ESCHA_MTL_SIMD 32
