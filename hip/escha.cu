@@ -2,7 +2,8 @@
 //
 // One linear (or one expert slot) runs in three kernels on the context's
 // stream, with no host synchronisation (CUDA graphs stay valid):
-//   1. escha_xh_kernel:  xh = f16(H128(x * rin_eff) * RS)      (per row)
+//   1. escha_xh_kernel:  xh = f16(H128(x * rin_eff) * RS)      (per row),
+//                        and mid = 0
 //   2. escha_mm_kernel:  mid += xh @ W, W decoded in registers and never
 //                        stored; split over IC, summed with f32 atomics
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
@@ -89,8 +90,15 @@ static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lan
 
 // xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
 // 128-block each; grid (ceil(IC/512), rows).
+// The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
+// next kernel, which saves a memset node per op.
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
-        const escha_rows rows, const escha_vecs v, half * __restrict__ xh, const int64_t n_rows, const int IC) {
+        const escha_rows rows, const escha_vecs v, half * __restrict__ xh, const int64_t n_rows, const int IC,
+        float4 * __restrict__ mid, const int64_t n_mid4) {
+    const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
+    for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
+        mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     if (blk * 128 >= IC) {
@@ -179,7 +187,10 @@ struct escha_lane_bits {
 
 // Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
 // fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
-// b[3] = {6,7}. Codebook: r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
+// b[3] = {6,7}. The lane's 7K+16 <= 37 state bits are first aligned into a
+// 64-bit window (two funnel shifts by the lane's offset), so that every
+// state is then cut out at a compile-time position. Codebook:
+// r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
 // value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16 (an f16 add).
 template <int K>
 static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb,
@@ -187,21 +198,27 @@ static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __rest
     const uint32_t t0 = __ldg(tile + lb.w0);
     const uint32_t t1 = __ldg(tile + lb.w1);
     const uint32_t t2 = __ldg(tile + lb.w2);
+    const uint32_t hi = escha_funnel(t0, t1, lb.off); // stream bits [p0, p0 + 32)
+    const uint32_t lo = escha_funnel(t1, t2, lb.off); // stream bits [p0 + 32, p0 + 64)
     uint32_t r[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const int      rel = lb.off + j * K; // <= 31 + 21
-        const uint32_t x   = rel < 32 ? escha_funnel(t0, t1, rel) : escha_funnel(t1, t2, rel - 32);
-        const uint32_t s   = x >> 16;
+        const int sh = j * K; // value j's state: window bits [sh, sh + 16)
+        uint32_t s;
+        if (sh <= 16) {
+            s = (hi >> (16 - sh)) & 0xFFFFu;
+        } else {
+            s = ((hi << (sh - 16)) | (lo >> (48 - sh))) & 0xFFFFu;
+        }
         r[j] = ((s * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
     }
 #pragma unroll
     for (int p = 0; p < 4; p++) {
-        const uint32_t lo = __byte_perm(r[2 * p], r[2 * p + 1], 0x5410);
-        const uint32_t hi = __byte_perm(r[2 * p], r[2 * p + 1], 0x7632);
+        const uint32_t l = __byte_perm(r[2 * p], r[2 * p + 1], 0x5410);
+        const uint32_t h = __byte_perm(r[2 * p], r[2 * p + 1], 0x7632);
         half2 hl, hh;
-        memcpy(&hl, &lo, 4);
-        memcpy(&hh, &hi, 4);
+        memcpy(&hl, &l, 4);
+        memcpy(&hh, &h, 4);
         const half2 sum = __hadd2(hl, hh);
         memcpy(&b[p], &sum, 4);
     }
@@ -323,6 +340,15 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
             }
         }
         // C fragment: c0,c1 at (row lane/4, cols kq, kq+1), c2,c3 at row + 8.
+        // Without an IC split each output has one writer: plain stores.
+        const bool split = gridDim.y > 1;
+        auto put = [&](float * p, const float val) {
+            if (split) {
+                atomicAdd(p, val);
+            } else {
+                *p = val;
+            }
+        };
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -331,12 +357,12 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
                 for (int nb = 0; nb < 2; nb++) {
                     const int col = (nt0 + w) * 16 + nb * 8 + kq;
                     if (rlo[mt] >= 0) {
-                        atomicAdd(a.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
-                        atomicAdd(a.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
+                        put(a.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
+                        put(a.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
                     }
                     if (rhi[mt] >= 0) {
-                        atomicAdd(a.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
-                        atomicAdd(a.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
+                        put(a.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
+                        put(a.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
                     }
                 }
             }
@@ -473,11 +499,10 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
     ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
-    CUDA_CHECK(cudaMemsetAsync(mid.get(), 0, n_rows * OC * sizeof(float), stream));
 
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
     escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-        rows, v, xh.get(), n_rows, IC);
+        rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_rows * OC / 4);
 
     const int id = ggml_cuda_get_device();
     const int cc = ggml_cuda_info().devices[id].cc;
@@ -542,9 +567,10 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
         z_busy = std::min<int64_t>(n_expert, n_rows) + n_rows / ROWS;
     }
 
-    // Split over IC until the grid fills the GPU (8 blocks per SM), keeping
-    // at least 8 tile rows per split.
-    const int64_t target = 8 * (int64_t) nsm;
+    // Split over IC until the grid fills the GPU (8 blocks per SM; 2 for the
+    // register-heavy 64-row blocks, whose outputs are then mostly stored
+    // rather than added atomically), keeping at least 8 tile rows per split.
+    const int64_t target = (big ? 2 : 8) * (int64_t) nsm;
     int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>((target + a.n_x * z_busy - 1) / (a.n_x * z_busy), a.KT / 8));
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
