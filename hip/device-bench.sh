@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The H200 measurements of docs/PERFORMANCE.md, in steps that each fit one
+# device call (run hip/device-build.sh first; results go to $OUT or ./out):
+#   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
+#            tensor-core path and on the SIMT path (the one HIP runs)
+#   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
+#            IQ2_XXS weights of the same shapes
+#   models   shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
+#            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin,
+#            the twin quantized to Q4_K_M (and IQ2_XXS with step iq2)
+#   iq2      the IQ2_XXS twins (uniform importance matrix)
+#   bench    llama-bench pp512 / tg128, -ngl 99, every model present
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=.device-build/build/bin
+M=.device-models
+out=${OUT:-out}
+mkdir -p "$out" "$M"
+DENSE_LAYERS=${DENSE_LAYERS:-16}
+MOE_LAYERS=${MOE_LAYERS:-4}
+for step in "$@"; do
+    case $step in
+    parity)
+        for op in ESCHA_LINEAR ESCHA_MOE; do
+            $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-$op.log" 2>&1
+            echo "$op tensor cores: $(grep -E 'tests passed' "$out/parity-$op.log" | head -1)"
+            GGML_ESCHA_SIMT=1 $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-simt-$op.log" 2>&1
+            echo "$op SIMT: $(grep -E 'tests passed' "$out/parity-simt-$op.log" | head -1)"
+        done ;;
+    perf)
+        $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
+        $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
+            -p 'type_a=(q4_K|q2_K|iq2_xxs),type_b=f32,m=(17408|5120),n=(1|512),k=(5120|17408),bs=\[1,1\]' > "$out/perf-mulmat.log" 2>&1
+        grep -h "us/run" "$out/perf-escha.log" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
+    models)
+        S=hip/synthetic-qwen35.py
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 -o $M/dense-f16.gguf --imatrix $M/dense.imatrix
+        python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
+        python3 $S --model moe35b --layers "$MOE_LAYERS" --weights f16 -o $M/moe-f16.gguf --imatrix $M/moe.imatrix
+        for m in dense moe; do
+            $B/llama-quantize $M/$m-f16.gguf $M/$m-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-$m-q4km.log" 2>&1
+            tail -n 2 "$out/quantize-$m-q4km.log"
+        done
+        ls -la $M ;;
+    iq2)
+        for m in dense moe; do
+            $B/llama-quantize --imatrix $M/$m.imatrix $M/$m-f16.gguf $M/$m-iq2xxs.gguf IQ2_XXS "$(nproc)" > "$out/quantize-$m-iq2.log" 2>&1
+            tail -n 2 "$out/quantize-$m-iq2.log"
+            rm -f $M/$m-f16.gguf   # the twin is only the quantizer's input (disk is 64 GiB)
+        done ;;
+    bench)
+        for f in $M/dense-escha.gguf $M/dense-q4km.gguf $M/dense-iq2xxs.gguf $M/moe-escha.gguf $M/moe-q4km.gguf $M/moe-iq2xxs.gguf; do
+            [ -f "$f" ] || { echo "missing $f"; continue; }
+            $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
+        done ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done

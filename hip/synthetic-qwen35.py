@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Shape-exact synthetic Qwen3.5-family GGUFs for speed measurements.
+
+Writes a model with the exact tensor shapes of Qwen3.8-27B (dense, arch
+qwen35) or Qwen3.6-35B-A3B (MoE, arch qwen35moe), optionally with fewer
+layers (keeping the 3 DeltaNet : 1 attention pattern), in one of two forms:
+
+  f16    every matrix F16 (the twin that llama-quantize turns into Q4_K_M,
+         IQ2_XXS, ...)
+  escha  the projections the real checkpoints code (dense: all 400; MoE:
+         the routed experts) as Escha-W2 codes with random code words (every
+         bit string is a valid code), unit rin, rout 0.02, s_in/s_out 1;
+         every other matrix Q8_0 with random blocks (as the exports' int8)
+
+and, with --imatrix, a uniform importance matrix for the f16 twin (the
+IQ2 types refuse to quantize without one). Values are random, so only
+speed means anything. Pure Python, no numpy: runs anywhere python3 does.
+
+  python3 hip/synthetic-qwen35.py --model dense27b --layers 16 --weights escha -o d-escha.gguf
+  python3 hip/synthetic-qwen35.py --model dense27b --layers 16 --weights f16 -o d-f16.gguf --imatrix d.imatrix
+  llama-quantize --imatrix d.imatrix d-f16.gguf d-iq2xxs.gguf IQ2_XXS
+"""
+
+import argparse
+import os
+import struct
+import sys
+
+MODELS = {
+    # hidden, layers, heads, kv heads, head dim, k heads, v heads, state, ffn, experts, used, expert ffn, shared ffn
+    "dense27b": dict(arch="qwen35", n_embd=5120, n_layer=64, n_head=24, n_head_kv=4, head_dim=256,
+                     ssm_k_heads=16, ssm_v_heads=48, ssm_state=128, n_ff=17408, n_vocab=248320),
+    "moe35b": dict(arch="qwen35moe", n_embd=2048, n_layer=40, n_head=16, n_head_kv=2, head_dim=256,
+                   ssm_k_heads=16, ssm_v_heads=32, ssm_state=128, n_expert=256, n_expert_used=8,
+                   n_ff_exp=512, n_ff_shexp=512, n_vocab=248320),
+}
+
+# ggml types
+F32, F16, Q8_0, I16 = 0, 1, 8, 25
+ALIGN = 32
+
+# GGUF value types
+T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR = 4, 5, 6, 7, 8, 9
+
+
+class Pool:
+    """Random bytes reused as tensor contents (the file is disk-bound, not
+    generator-bound). F16 words get their top exponent bit cleared, so every
+    value is finite with |v| < 2."""
+
+    def __init__(self, size=1 << 26):
+        raw = bytearray(os.urandom(size))
+        self.raw = bytes(raw)
+        clear = bytes(b & 0xBF for b in range(256))
+        raw[1::2] = raw[1::2].translate(clear)
+        self.f16 = bytes(raw)
+        self.pos = 0
+
+    def stream(self, src, n, out):
+        start = (self.pos * 4099) % (len(src) // 2) * 2  # even: f16 words stay aligned
+        self.pos += 1
+        while n > 0:
+            chunk = src[start:start + n]
+            out.write(chunk)
+            n -= len(chunk)
+            start = 0
+
+
+def q8_0_rows(pool, n_blocks, out):
+    """Q8_0 blocks (f16 scale 2^-7, random int8 values)."""
+    per = 1 << 16
+    block = bytearray(pool.raw[:34 * per])
+    block[0::34] = bytes([0x00]) * per
+    block[1::34] = bytes([0x20]) * per
+    block = bytes(block)
+    while n_blocks > 0:
+        k = min(n_blocks, per)
+        out.write(block[:34 * k])
+        n_blocks -= k
+
+
+class Gguf:
+    def __init__(self):
+        self.kv = []
+        self.tensors = []  # (name, ne, type, nbytes, writer)
+
+    def add(self, key, vtype, val, sub=None):
+        self.kv.append((key, vtype, val, sub))
+
+    def tensor(self, name, ne, ttype, writer):
+        n = 1
+        for d in ne:
+            n *= d
+        if ttype == F32:
+            nbytes = 4 * n
+        elif ttype in (F16, I16):
+            nbytes = 2 * n
+        elif ttype == Q8_0:
+            assert ne[0] % 32 == 0, name
+            nbytes = n // 32 * 34
+        self.tensors.append((name, list(ne), ttype, nbytes, writer))
+
+    @staticmethod
+    def _str(s):
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    def _val(self, vtype, val, sub):
+        if vtype == T_U32:
+            return struct.pack("<I", val)
+        if vtype == T_I32:
+            return struct.pack("<i", val)
+        if vtype == T_F32:
+            return struct.pack("<f", val)
+        if vtype == T_BOOL:
+            return struct.pack("<B", 1 if val else 0)
+        if vtype == T_STR:
+            return self._str(val)
+        if vtype == T_ARR:
+            head = struct.pack("<IQ", sub, len(val))
+            if sub == T_STR:
+                return head + b"".join(self._str(v) for v in val)
+            fmt = {T_U32: "I", T_I32: "i", T_F32: "f"}[sub]
+            return head + struct.pack("<%d%s" % (len(val), fmt), *val)
+        raise ValueError(vtype)
+
+    def write(self, path):
+        with open(path, "wb") as out:
+            out.write(b"GGUF" + struct.pack("<IQQ", 3, len(self.tensors), len(self.kv)))
+            for key, vtype, val, sub in self.kv:
+                out.write(self._str(key) + struct.pack("<I", vtype) + self._val(vtype, val, sub))
+            off = 0
+            for name, ne, ttype, nbytes, _ in self.tensors:
+                out.write(self._str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
+                          + struct.pack("<IQ", ttype, off))
+                off += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+            out.write(b"\0" * ((-out.tell()) % ALIGN))
+            for name, ne, ttype, nbytes, writer in self.tensors:
+                start = out.tell()
+                writer(out, nbytes)
+                assert out.tell() - start == nbytes, name
+                out.write(b"\0" * ((-out.tell()) % ALIGN))
+
+
+def const_f16(bits):
+    return lambda out, n: out.write(struct.pack("<H", bits) * (n // 2))
+
+
+def const_f32(v):
+    return lambda out, n: out.write(struct.pack("<f", v) * (n // 4))
+
+
+def build(model, n_layer, weights, imatrix_path, out_path):
+    m = dict(MODELS[model])
+    arch = m["arch"]
+    moe = "n_expert" in m
+    E = m.get("n_expert", 1)
+    H, hd = m["n_embd"], m["head_dim"]
+    key_dim = m["ssm_k_heads"] * m["ssm_state"]
+    value_dim = m["ssm_v_heads"] * m["ssm_state"]
+    pool = Pool()
+    g = Gguf()
+    imat = []  # (weight name, n_per_row, n_mat)
+
+    g.add("general.architecture", T_STR, arch)
+    g.add("general.name", T_STR, "synthetic %s, %d of %d layers, %s" % (model, n_layer, m["n_layer"], weights))
+    g.add("general.file_type", T_U32, 1 if weights == "f16" else 7)
+    g.add(arch + ".block_count", T_U32, n_layer)
+    g.add(arch + ".context_length", T_U32, 262144)
+    g.add(arch + ".embedding_length", T_U32, H)
+    g.add(arch + ".feed_forward_length", T_U32, m.get("n_ff", 0))
+    g.add(arch + ".attention.head_count", T_U32, m["n_head"])
+    g.add(arch + ".attention.head_count_kv", T_U32, m["n_head_kv"])
+    g.add(arch + ".attention.key_length", T_U32, hd)
+    g.add(arch + ".attention.value_length", T_U32, hd)
+    g.add(arch + ".attention.layer_norm_rms_epsilon", T_F32, 1e-6)
+    g.add(arch + ".rope.dimension_count", T_U32, hd // 4)
+    g.add(arch + ".rope.freq_base", T_F32, 1e7)
+    g.add(arch + ".rope.dimension_sections", T_ARR, [11, 11, 10, 0], T_I32)
+    g.add(arch + ".full_attention_interval", T_U32, 4)
+    g.add(arch + ".ssm.conv_kernel", T_U32, 4)
+    g.add(arch + ".ssm.state_size", T_U32, m["ssm_state"])
+    g.add(arch + ".ssm.group_count", T_U32, m["ssm_k_heads"])
+    g.add(arch + ".ssm.time_step_rank", T_U32, m["ssm_v_heads"])
+    g.add(arch + ".ssm.inner_size", T_U32, value_dim)
+    if moe:
+        g.add(arch + ".expert_count", T_U32, E)
+        g.add(arch + ".expert_used_count", T_U32, m["n_expert_used"])
+        g.add(arch + ".expert_feed_forward_length", T_U32, m["n_ff_exp"])
+        g.add(arch + ".expert_shared_feed_forward_length", T_U32, m["n_ff_shexp"])
+    if weights == "escha":
+        g.add("escha.format_version", T_U32, 2)
+        g.add("escha.codebook", T_U32, 1)
+    # A synthetic SentencePiece-style vocabulary: control tokens, 256 byte
+    # tokens, fillers (llama-bench feeds random token ids).
+    nv = m["n_vocab"]
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % i for i in range(256)]
+    toks += ["t%d" % i for i in range(nv - len(toks))]
+    g.add("tokenizer.ggml.model", T_STR, "llama")
+    g.add("tokenizer.ggml.tokens", T_ARR, toks, T_STR)
+    g.add("tokenizer.ggml.scores", T_ARR, [0.0] * nv, T_F32)
+    g.add("tokenizer.ggml.token_type", T_ARR, [2, 3, 3] + [6] * 256 + [1] * (nv - 259), T_I32)
+    g.add("tokenizer.ggml.bos_token_id", T_U32, 1)
+    g.add("tokenizer.ggml.eos_token_id", T_U32, 2)
+
+    def vec(name, n, value=1.0):
+        g.tensor(name, [n], F32, const_f32(value))
+
+    def dense_matrix(name, ne):
+        """A non-coded matrix: F16 in the twin, Q8_0 in the escha model."""
+        if weights == "f16":
+            g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.f16, n, out))
+            if not name.startswith(("token_embd", "output")):
+                imat.append((name, ne[0], ne[2] if len(ne) > 2 else 1))
+        else:
+            g.tensor(name, ne, Q8_0, lambda out, n: q8_0_rows(pool, n // 34, out))
+
+    def coded(stem, ic, oc, k, n_exp=0):
+        """A projection the real checkpoints code (ic -> oc, K bits)."""
+        ne = [ic, oc] + ([n_exp] if n_exp else [])
+        if weights == "f16":
+            g.tensor(stem + ".weight", ne, F16, lambda out, n: pool.stream(pool.f16, n, out))
+            imat.append((stem + ".weight", ic, n_exp or 1))
+            return
+        e = [n_exp] if n_exp else []
+        g.tensor(stem + ".escha_code", [16 * k, oc // 16, ic // 16] + e, I16, lambda out, n: pool.stream(pool.raw, n, out))
+        g.tensor(stem + ".escha_rin", [ic] + e, F16, const_f16(0x3C00))   # 1.0
+        g.tensor(stem + ".escha_rout", [oc] + e, F16, const_f16(0x251F))  # ~0.02
+        g.tensor(stem + ".escha_s_in", [ic] + e, F32, const_f32(1.0))
+        g.tensor(stem + ".escha_s_out", [oc] + e, F32, const_f32(1.0))
+
+    dense_matrix("token_embd.weight", [H, nv])
+    vec("output_norm.weight", H)
+    dense_matrix("output.weight", [H, nv])
+    n_q = m["n_head"] * hd
+    n_kv = m["n_head_kv"] * hd
+    for il in range(n_layer):
+        b = "blk.%d." % il
+        vec(b + "attn_norm.weight", H)
+        vec(b + "post_attention_norm.weight", H)
+        if (il + 1) % 4 == 0:  # full attention
+            coded(b + "attn_q", H, 2 * n_q, 2)  # query + gate
+            coded(b + "attn_k", H, n_kv, 2)
+            coded(b + "attn_v", H, n_kv, 2)
+            coded(b + "attn_output", n_q, H, 2)
+            vec(b + "attn_q_norm.weight", hd)
+            vec(b + "attn_k_norm.weight", hd)
+        else:  # gated DeltaNet
+            coded(b + "attn_qkv", H, 2 * key_dim + value_dim, 2)
+            coded(b + "attn_gate", H, value_dim, 2)
+            g.tensor(b + "ssm_conv1d.weight", [4, 2 * key_dim + value_dim], F32, const_f32(0.1))
+            vec(b + "ssm_dt.bias", m["ssm_v_heads"], 0.0)
+            vec(b + "ssm_a", m["ssm_v_heads"], -1.0)
+            dense_matrix(b + "ssm_beta.weight", [H, m["ssm_v_heads"]])
+            dense_matrix(b + "ssm_alpha.weight", [H, m["ssm_v_heads"]])
+            vec(b + "ssm_norm.weight", m["ssm_state"])
+            coded(b + "ssm_out", value_dim, H, 2)
+        if not moe:
+            coded(b + "ffn_gate", H, m["n_ff"], 2)
+            coded(b + "ffn_up", H, m["n_ff"], 3)
+            coded(b + "ffn_down", m["n_ff"], H, 3)
+        else:
+            dense_matrix(b + "ffn_gate_inp.weight", [H, E])
+            coded(b + "ffn_gate_up_exps", H, 2 * m["n_ff_exp"], 2, E)
+            coded(b + "ffn_down_exps", m["n_ff_exp"], H, 3, E)
+            vec(b + "ffn_gate_inp_shexp.weight", H, 0.01)
+            dense_matrix(b + "ffn_gate_shexp.weight", [H, m["n_ff_shexp"]])
+            dense_matrix(b + "ffn_up_shexp.weight", [H, m["n_ff_shexp"]])
+            dense_matrix(b + "ffn_down_shexp.weight", [m["n_ff_shexp"], H])
+
+    g.write(out_path)
+
+    if imatrix_path:
+        im = Gguf()
+        im.add("general.type", T_STR, "imatrix")
+        im.add("imatrix.datasets", T_ARR, ["uniform (synthetic)"], T_STR)
+        im.add("imatrix.chunk_count", T_U32, 1)
+        im.add("imatrix.chunk_size", T_U32, 512)
+        for name, n_per_row, n_mat in imat:
+            im.tensor(name + ".in_sum2", [n_per_row, n_mat], F32, const_f32(1.0))
+            im.tensor(name + ".counts", [1, n_mat], F32, const_f32(1.0))
+        im.write(imatrix_path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--layers", type=int, default=0, help="layers to write (multiple of 4; default: all)")
+    ap.add_argument("--weights", choices=["f16", "escha"], required=True)
+    ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
+    ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
+    ap.add_argument("-o", "--output", required=True)
+    a = ap.parse_args()
+    n_layer = a.layers or MODELS[a.model]["n_layer"]
+    if n_layer % 4 != 0:
+        sys.exit("--layers must be a multiple of 4 (one attention layer per four)")
+    if a.shrink != 1:
+        m = MODELS[a.model]
+        for k in ("n_embd", "n_ff", "n_ff_exp", "n_ff_shexp"):
+            if k in m:
+                m[k] //= a.shrink
+        m["n_vocab"] = 4096
+    build(a.model, n_layer, a.weights, a.imatrix, a.output)
+
+
+if __name__ == "__main__":
+    main()
