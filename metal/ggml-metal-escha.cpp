@@ -119,7 +119,13 @@ int ggml_metal_escha_encode(ggml_metal_library_t lib, ggml_metal_encoder_t enc, 
         if (i > 0) {
             ggml_metal_encoder_memory_barrier(enc); // the map kernel's lists are read next
         }
-        ggml_metal_encoder_set_pipeline(enc, ggml_metal_escha_get_pipeline(lib, d.name));
+        const ggml_metal_pipeline_with_params pipeline = ggml_metal_escha_get_pipeline(lib, d.name);
+        if (pipeline.pipeline == nullptr ||
+            d.tptg[0] * d.tptg[1] * d.tptg[2] > ggml_metal_pipeline_max_theads_per_threadgroup(pipeline)) {
+            GGML_ABORT("%s: Metal pipeline %s is missing or takes fewer than %d threads per threadgroup", __func__,
+                       d.name, d.tptg[0] * d.tptg[1] * d.tptg[2]);
+        }
+        ggml_metal_encoder_set_pipeline(enc, pipeline);
         ggml_metal_encoder_set_bytes(enc, &p.args, sizeof(p.args), ESCHA_MTL_BUF_ARGS);
         for (int b = ESCHA_MTL_BUF_CODE; b < ESCHA_MTL_BUF_COUNT; b++) {
             ggml_metal_encoder_set_buffer(enc, buf[b], b);

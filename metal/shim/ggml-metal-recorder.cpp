@@ -69,6 +69,11 @@ ggml_metal_pipeline_with_params ggml_metal_library_compile_pipeline(ggml_metal_l
     return res;
 }
 
+int ggml_metal_pipeline_max_theads_per_threadgroup(ggml_metal_pipeline_with_params pipeline) {
+    (void) pipeline;
+    return 1024; // what Apple GPUs report for light kernels
+}
+
 void ggml_metal_encoder_set_pipeline(ggml_metal_encoder_t enc, ggml_metal_pipeline_with_params pipeline) {
     enc->pipeline = pipeline.pipeline;
     enc->smem = 0;
