@@ -398,12 +398,34 @@ fn moe_matches_reference() {
         for nx in [1, 3] {
             all.push(moe_case(&d, &route(60, 9, 3, nx, 8, 8), AUTO, 609));
         }
+        // Two input rows per token for four slots (slot u reads row u % 2).
+        let d4 = MoeData::new(80 + k as u64, k, 5, 128, 128, true, false);
+        all.push(moe_case(&d4, &route(81, 3, 4, 2, 5, 4), GEMV, 803));
+        all.push(moe_case(&d4, &route(82, 9, 4, 2, 5, 4), PREFILL, 809));
         // Scales and bias shared by all experts ([n] instead of [E, n]).
         let d = MoeData::new(70 + k as u64, k, 3, 128, 256, true, true);
         all.push(moe_case(&d, &route(71, 5, 3, 3, 3, 3), GEMV, 705));
         all.push(moe_case(&d, &route(72, 9, 3, 1, 3, 3), PREFILL, 709));
     }
     summarize("moe", &all);
+}
+
+/// A NaN input must reach every output of its row (nothing is skipped, not
+/// even pruned channels: 0 * NaN is NaN) and no other row, on every kernel,
+/// exactly as in the C reference.
+#[test]
+fn nan_input_reaches_its_row() {
+    let p = dense_problem(60, 2, 256, 384, true, false);
+    for (m, path) in [(3, GEMV), (9, PREFILL), (33, MMA)] {
+        let mut x = p.input(61, m);
+        x[256 + 200] = f32::NAN; // row 1, second 128-block
+        let got = run_dense(&p, &x, m, 1, 256, path);
+        let want = cref::linear(&p.linear(), &x, m).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.is_nan(), w.is_nan(), "path {path} output {i}");
+            assert_eq!(g.is_nan(), i / 384 == 1, "path {path} output {i}");
+        }
+    }
 }
 
 /// An expert id outside [0, E) cannot stop a GPU kernel: its slot must come
