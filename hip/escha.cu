@@ -478,9 +478,25 @@ static int64_t escha_expert_stride(const ggml_tensor * t) {
     return t == nullptr || ggml_nrows(t) == 1 ? 0 : t->ne[0];
 }
 
+// Launches the decode-and-multiply kernel over n_z groups, of which about
+// z_busy have rows. IC is split so that the grid fills the GPU in one wave
+// of resident blocks: a second, nearly empty wave (say 1088 blocks where
+// 1056 fit) would take as long as the first. At least 8 tile rows per split.
 template <int K, int NTW, int MT, bool MMA>
-static void escha_launch_mm(const escha_mm_args & a, const int n_z, const int ksplit, cudaStream_t stream) {
-    const dim3 grid((unsigned) a.n_x * (unsigned) n_z, (unsigned) ksplit, 1);
+static void escha_launch_mm(escha_mm_args a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
+    static int per_sm = 0; // resident blocks per SM (the kernel's registers decide), asked once
+    if (per_sm == 0) {
+        int n = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, escha_mm_kernel<K, NTW, MT, MMA>, ESCHA_THREADS, 0));
+        per_sm = std::max(n, 1);
+    }
+    const int64_t resident = (int64_t) per_sm * nsm;
+    const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
+    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(resident / blocks, a.KT / 8));
+    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
+    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+    GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
+    const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);
     escha_mm_kernel<K, NTW, MT, MMA><<<grid, ESCHA_THREADS, 0, stream>>>(a);
 }
 
@@ -567,39 +583,30 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
         z_busy = std::min<int64_t>(n_expert, n_rows) + n_rows / ROWS;
     }
 
-    // Split over IC until the grid fills the GPU (8 blocks per SM; 2 for the
-    // register-heavy 64-row blocks, whose outputs are then mostly stored
-    // rather than added atomically), keeping at least 8 tile rows per split.
-    const int64_t target = (big ? 2 : 8) * (int64_t) nsm;
-    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>((target + a.n_x * z_busy - 1) / (a.n_x * z_busy), a.KT / 8));
-    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
-    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-    GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
-
 #ifdef GGML_USE_HIP
     if (K == 2) {
-        escha_launch_mm<2, 2, 1, false>(a, (int) n_z, ksplit, stream);
+        escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
     } else {
-        escha_launch_mm<3, 2, 1, false>(a, (int) n_z, ksplit, stream);
+        escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
     }
 #else
     if (!use_mma) {
         if (K == 2) {
-            escha_launch_mm<2, 2, 1, false>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
         } else {
-            escha_launch_mm<3, 2, 1, false>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
         }
     } else if (big) {
         if (K == 2) {
-            escha_launch_mm<2, 2, 4, true>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<2, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         } else {
-            escha_launch_mm<3, 2, 4, true>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
     } else {
         if (K == 2) {
-            escha_launch_mm<2, 4, 1, true>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
         } else {
-            escha_launch_mm<3, 4, 1, true>(a, (int) n_z, ksplit, stream);
+            escha_launch_mm<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);
         }
     }
 #endif
