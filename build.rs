@@ -310,7 +310,10 @@ mod ggml {
         write_if_changed(&dst.join("kernels/escha.metal"), kernels.replace(include, &read("escha-metal-args.h")).as_bytes());
         if !cfg!(feature = "metal") {
             check_metal_host_sources(&dst);
-            build_metal_shim(&dst);
+            // The executor's fibers use glibc's ucontext and _setjmp/_longjmp.
+            if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+                build_metal_shim(&dst);
+            }
         }
     }
 
