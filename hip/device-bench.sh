@@ -5,10 +5,13 @@
 #            tensor-core path and on the SIMT path (the one HIP runs)
 #   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
 #            IQ2_XXS weights of the same shapes
-#   models   shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
-#            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin,
-#            the twin quantized to Q4_K_M (and IQ2_XXS with step iq2)
-#   iq2      the IQ2_XXS twins (uniform importance matrix)
+#   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
+#            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin
+#            (needs no build: run it in the background while building)
+#   q4km     the twins quantized to Q4_K_M
+#   models   gen + q4km
+#   iq2      the IQ2_XXS twins (uniform importance matrix; slow: about 3 min
+#            for the 16-layer dense twin on 16 cores), then the twin is deleted
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,17 +35,19 @@ for step in "$@"; do
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
             -p 'type_a=(q4_K|q2_K|iq2_xxs),type_b=f32,m=(17408|5120),n=(1|512),k=(5120|17408),bs=\[1,1\]' > "$out/perf-mulmat.log" 2>&1
         grep -h "us/run" "$out/perf-escha.log" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
-    models)
+    gen|models)
         S=hip/synthetic-qwen35.py
         python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
         python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 -o $M/dense-f16.gguf --imatrix $M/dense.imatrix
         python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
         python3 $S --model moe35b --layers "$MOE_LAYERS" --weights f16 -o $M/moe-f16.gguf --imatrix $M/moe.imatrix
+        ls -la $M
+        [ "$step" = models ] && bash "$0" q4km ;;
+    q4km)
         for m in dense moe; do
             $B/llama-quantize $M/$m-f16.gguf $M/$m-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-$m-q4km.log" 2>&1
             tail -n 2 "$out/quantize-$m-q4km.log"
-        done
-        ls -la $M ;;
+        done ;;
     iq2)
         for m in dense moe; do
             $B/llama-quantize --imatrix $M/$m.imatrix $M/$m-f16.gguf $M/$m-iq2xxs.gguf IQ2_XXS "$(nproc)" > "$out/quantize-$m-iq2.log" 2>&1
