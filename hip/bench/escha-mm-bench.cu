@@ -1,0 +1,155 @@
+// Times the escha CUDA kernels on their own (no ggml graph), to separate the
+// decode-and-multiply kernel from the per-op launches and to compare IC
+// splits (grid sizes). Includes ../escha.cu, so it times exactly the
+// shipped kernels. Build and run on the GPU machine (hip/bench/run.sh).
+#include "../escha.cu"
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+[[noreturn]] void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
+    fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
+    exit(1);
+}
+
+struct timer {
+    cudaEvent_t a, b;
+    timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
+    void start() { cudaEventRecord(a); }
+    float stop_ms() { cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms, a, b); return ms; }
+};
+
+template <int K, int NTW, int MT>
+static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) {
+    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
+    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+    const int n_z = (int) ((a.n_rows + MT * 16 - 1) / (MT * 16));
+    const dim3 grid(a.n_x * n_z, ksplit);
+    // checksum of one clean launch
+    CUDA_CHECK(cudaMemset(a.mid, 0, a.n_rows * a.OC * sizeof(float)));
+    escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    std::vector<float> h(a.n_rows * a.OC);
+    CUDA_CHECK(cudaMemcpy(h.data(), a.mid, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double s = 0;
+    for (float v : h) s += v;
+    *checksum = s;
+    for (int i = 0; i < 5; i++) escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    timer t;
+    t.start();
+    for (int i = 0; i < iters; i++) escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    const float ms = t.stop_ms();
+    CUDA_CHECK(cudaGetLastError());
+    return ms * 1000.0f / iters;
+}
+
+template <int K, int NTW, int MT>
+static void run_shape(const int IC, const int OC, const int M, const int nsm) {
+    const int KT = IC / 16, NT = OC / 16;
+    const size_t n_code = (size_t) KT * NT * 16 * K;
+    std::mt19937 rng(42);
+    std::vector<int16_t> code(n_code);
+    for (auto & c : code) c = (int16_t) (rng() & 0xFFFF);
+    std::vector<half> xh((size_t) M * IC);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    for (auto & v : xh) v = __float2half(uni(rng));
+    int16_t * d_code; half * d_xh; float * d_mid;
+    CUDA_CHECK(cudaMalloc(&d_code, n_code * 2));
+    CUDA_CHECK(cudaMalloc(&d_xh, xh.size() * 2));
+    CUDA_CHECK(cudaMalloc(&d_mid, (size_t) M * OC * 4));
+    CUDA_CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_xh, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+
+    escha_mm_args a = {};
+    a.code = (const uint32_t *) d_code; a.code_es = 0; a.xh = d_xh; a.mid = d_mid;
+    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = M; a.mode = 0;
+    a.n_x = (NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
+    const int n_z = (M + MT * 16 - 1) / (MT * 16);
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, escha_mm_kernel<K, NTW, MT, true>, ESCHA_THREADS, 0));
+    const int blocks = a.n_x * n_z;
+    const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((MT > 1 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
+    const int one_wave  = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) per_sm * nsm / blocks, KT / 8));
+    const int two_waves = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) 2 * per_sm * nsm / blocks, KT / 8));
+    printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
+           "two waves %d (shipped)\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves);
+    std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, one_wave * 4};
+    for (int ks : splits) {
+        if (ks > KT / 4) continue;
+        double cs;
+        const float us = time_mm<K, NTW, MT>(a, ks, M > 16 ? 50 : 500, &cs);
+        const int chunk = (KT + ks - 1) / ks;
+        const int real = (KT + chunk - 1) / chunk;
+        const double w = (double) IC * OC;
+        printf("  split %3d (%5d blocks, %.2f waves): %8.2f us  %6.3f T weights/s (x%d rows)  %6.0f GB/s of code  checksum %.6e\n",
+               real, blocks * real, (double) blocks * real / (per_sm * nsm), us, w * M / us * 1e-6, M, w * K / 8 / us * 1e-3, cs);
+    }
+    CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_xh)); CUDA_CHECK(cudaFree(d_mid));
+}
+
+// The three kernels of one dense op at batch 1, launched back to back as
+// the op does, against the multiply alone: the per-op fixed cost.
+template <int K>
+static void run_op(const int IC, const int OC, const int nsm) {
+    const int KT = IC / 16, NT = OC / 16;
+    const size_t n_code = (size_t) KT * NT * 16 * K;
+    std::vector<int16_t> code(n_code, 0x1234);
+    std::vector<float> x(IC, 0.5f);
+    std::vector<half> ones(std::max(IC, OC), __float2half(1.0f));
+    int16_t * d_code; float * d_x; half * d_v; half * d_xh; float * d_mid; float * d_y;
+    CUDA_CHECK(cudaMalloc(&d_code, n_code * 2));
+    CUDA_CHECK(cudaMalloc(&d_x, IC * 4));
+    CUDA_CHECK(cudaMalloc(&d_v, ones.size() * 2));
+    CUDA_CHECK(cudaMalloc(&d_xh, IC * 2));
+    CUDA_CHECK(cudaMalloc(&d_mid, OC * 4));
+    CUDA_CHECK(cudaMalloc(&d_y, OC * 4));
+    CUDA_CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_x, x.data(), IC * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_v, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+    escha_rows rows = {};
+    rows.x = (const char *) d_x; rows.nb1 = IC * 4; rows.nb2 = rows.nb1; rows.nb3 = rows.nb1;
+    rows.ne1 = 1; rows.ne2 = 1; rows.nx1 = 1; rows.ids = nullptr; rows.si1 = 0;
+    escha_vecs v = {};
+    v.rin = d_v; v.rout = d_v;
+    escha_mm_args a = {};
+    a.code = (const uint32_t *) d_code; a.xh = d_xh; a.mid = d_mid;
+    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
+    a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
+    auto op = [&]() {
+        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4);
+        escha_launch_mm<K, 4, 1, true>(a, 1, 1, nsm, 0);
+        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC);
+    };
+    for (int i = 0; i < 5; i++) op();
+    timer t;
+    t.start();
+    for (int i = 0; i < 500; i++) op();
+    const float us_op = t.stop_ms() * 2.0f;
+    t.start();
+    for (int i = 0; i < 500; i++) escha_launch_mm<K, 4, 1, true>(a, 1, 1, nsm, 0);
+    const float us_mm = t.stop_ms() * 2.0f;
+    t.start();
+    for (int i = 0; i < 500; i++) {
+        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4);
+        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC);
+    }
+    const float us_tr = t.stop_ms() * 2.0f;
+    CUDA_CHECK(cudaGetLastError());
+    printf("op K=%d %d -> %d, batch 1, stream launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
+           K, IC, OC, us_op, us_mm, us_tr);
+}
+
+int main() {
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    const int nsm = p.multiProcessorCount;
+    printf("%s, %d SMs\n", p.name, nsm);
+    run_shape<2, 4, 1>(5120, 17408, 1, nsm);
+    run_shape<3, 4, 1>(17408, 5120, 1, nsm);
+    run_shape<2, 4, 1>(5120, 17408, 8, nsm);
+    run_shape<2, 2, 4>(5120, 17408, 512, nsm);
+    run_shape<3, 2, 4>(17408, 5120, 512, nsm);
+    run_op<2>(5120, 17408, nsm);
+    run_op<3>(17408, 5120, nsm);
+    return 0;
+}
