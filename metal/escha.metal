@@ -247,21 +247,48 @@ static inline void escha_gemv_row(constant escha_metal_args & args, escha_weight
     }
 }
 
-// The rows of one prefill step: x[r] and y[r] null past the last row.
-template <int NR>
-struct escha_rows_t {
-    device const float * x[NR];
-    device       float * y[NR];
-};
-typedef escha_rows_t<ESCHA_MTL_NR> escha_rows;
+// Dense: row `row` of x (rows flattened over ne[1..3]).
+static inline device const float * escha_dense_row(constant escha_metal_args & args, device const char * x, int row) {
+    const int i1 = row % args.ne11;
+    const int i2 = (row / args.ne11) % args.ne12;
+    const int i3 = row / (args.ne11 * args.ne12);
+    return (device const float *) (x + i1 * args.nb11 + i2 * args.nb12 + i3 * args.nb13);
+}
 
-// Prefill: up to NR input rows (x[r] null past the last) -> outputs
+// MoE: the input of slot t*n_used + u, x[t][u % NX].
+static inline device const float * escha_moe_x(constant escha_metal_args & args, device const char * x, int slot) {
+    const int t = slot / args.n_used;
+    const int u = slot % args.n_used;
+    return (device const float *) (x + (ulong) (u % args.ne11) * args.nb11 + (ulong) t * args.nb12);
+}
+
+// The rows of one prefill step: `count` dense rows from `first`, or the MoE
+// slots list[first ..]. Addresses are computed when needed rather than kept
+// in per-thread arrays (which dynamic indexing would spill).
+struct escha_rowset {
+    device const char * x;
+    device       float * dst;
+    device const int  * list;  // null for dense
+    int first;
+    int count;
+};
+
+static inline device const float * escha_rowset_x(constant escha_metal_args & args, thread const escha_rowset & rs, int r) {
+    return rs.list ? escha_moe_x(args, rs.x, rs.list[rs.first + r]) : escha_dense_row(args, rs.x, rs.first + r);
+}
+
+static inline device float * escha_rowset_y(constant escha_metal_args & args, thread const escha_rowset & rs, int r) {
+    const int row = rs.list ? rs.list[rs.first + r] : rs.first + r;
+    return rs.dst + (ulong) row * args.oc;
+}
+
+// Prefill: up to NR input rows -> outputs
 // [ob*128, ob*128 + 128) of each. Simdgroup sg multiplies output tiles
 // 2sg, 2sg+1 of the block for all rows; each tile is decoded once.
 // shm: NR*128 floats of inputs + NR*128 floats of sums.
 template <int K>
 static inline void escha_prefill_rows(constant escha_metal_args & args, escha_weights w,
-        thread const escha_rows & rows, int ob,
+        thread const escha_rowset & rows, int ob,
         threadgroup float * shm, ushort lane, ushort sg) {
     const int NR = ESCHA_MTL_NR;
     threadgroup float * sx = shm;
@@ -282,8 +309,8 @@ static inline void escha_prefill_rows(constant escha_metal_args & args, escha_we
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
             float4 xh = float4(0.0f);
-            if (rows.x[r]) {
-                xh = escha_input_block(rows.x[r] + kb * 128, w.rin + kb * 128,
+            if (r < rows.count) {
+                xh = escha_input_block(escha_rowset_x(args, rows, r) + kb * 128, w.rin + kb * 128,
                                        w.s_in ? w.s_in + kb * 128 : nullptr, lane);
             }
             ESCHA_UNROLL
@@ -327,14 +354,14 @@ static inline void escha_prefill_rows(constant escha_metal_args & args, escha_we
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const int o = ob * 128;
     for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
-        if (rows.y[r]) {
+        if (r < rows.count) {
             float4 mid;
             ESCHA_UNROLL
             for (int q = 0; q < 4; q++) {
                 mid[q] = sm[r * 128 + 32 * q + lane];
             }
             escha_output_block(mid, w.rout + o, w.s_out ? w.s_out + o : nullptr, w.bias ? w.bias + o : nullptr,
-                               rows.y[r] + o, lane);
+                               escha_rowset_y(args, rows, r) + o, lane);
         }
     }
 }
@@ -348,7 +375,7 @@ static inline void escha_prefill_rows(constant escha_metal_args & args, escha_we
 // shm: NR_MMA*128 floats of inputs (reused for the sums) + 16*128 floats of weights.
 template <int K>
 static inline void escha_mma_rows(constant escha_metal_args & args, escha_weights w,
-        thread const escha_rows_t<ESCHA_MTL_NR_MMA> & rows, int ob,
+        thread const escha_rowset & rows, int ob,
         threadgroup float * shm, ushort lane, ushort sg) {
     const int NR = ESCHA_MTL_NR_MMA;
     const int NTB = NR / 8; // 8-row blocks of rows
@@ -371,8 +398,8 @@ static inline void escha_mma_rows(constant escha_metal_args & args, escha_weight
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
             float4 xh = float4(0.0f);
-            if (rows.x[r]) {
-                xh = escha_input_block(rows.x[r] + kb * 128, w.rin + kb * 128,
+            if (r < rows.count) {
+                xh = escha_input_block(escha_rowset_x(args, rows, r) + kb * 128, w.rin + kb * 128,
                                        w.s_in ? w.s_in + kb * 128 : nullptr, lane);
             }
             ESCHA_UNROLL
@@ -425,26 +452,19 @@ static inline void escha_mma_rows(constant escha_metal_args & args, escha_weight
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const int o = ob * 128;
     for (int r = sg; r < NR; r += ESCHA_MTL_NSG) {
-        if (rows.y[r]) {
+        if (r < rows.count) {
             float4 mid;
             ESCHA_UNROLL
             for (int q = 0; q < 4; q++) {
                 mid[q] = sx[r * 128 + 32 * q + lane];
             }
             escha_output_block(mid, w.rout + o, w.s_out ? w.s_out + o : nullptr, w.bias ? w.bias + o : nullptr,
-                               rows.y[r] + o, lane);
+                               escha_rowset_y(args, rows, r) + o, lane);
         }
     }
 }
 
 // ---- dense: GGML_OP_ESCHA_LINEAR ------------------------------------------
-
-static inline device const float * escha_dense_row(constant escha_metal_args & args, device const char * x, int row) {
-    const int i1 = row % args.ne11;
-    const int i2 = (row / args.ne11) % args.ne12;
-    const int i3 = row / (args.ne11 * args.ne12);
-    return (device const float *) (x + i1 * args.nb11 + i2 * args.nb12 + i3 * args.nb13);
-}
 
 // grid (OC/128, rows, 1), threads (32, NSG, 1)
 template <int K>
@@ -484,12 +504,12 @@ kernel void kernel_escha_linear_prefill(
         ushort lane  [[thread_index_in_simdgroup]],
         ushort sg    [[simdgroup_index_in_threadgroup]]) {
     const escha_weights w = escha_weights_of(args, 0, code, rin, rout, s_in, s_out, bias);
-    escha_rows rows;
-    for (int r = 0; r < ESCHA_MTL_NR; r++) {
-        const int row = tgpig.y * ESCHA_MTL_NR + r;
-        rows.x[r] = row < args.nrows ? escha_dense_row(args, x, row) : nullptr;
-        rows.y[r] = row < args.nrows ? dst + (ulong) row * args.oc : nullptr;
-    }
+    escha_rowset rows;
+    rows.x = x;
+    rows.dst = dst;
+    rows.list = nullptr;
+    rows.first = tgpig.y * ESCHA_MTL_NR;
+    rows.count = min(ESCHA_MTL_NR, args.nrows - rows.first);
     escha_prefill_rows<K>(args, w, rows, tgpig.x, shm, lane, sg);
 }
 
@@ -510,12 +530,12 @@ kernel void kernel_escha_linear_mma(
         ushort lane  [[thread_index_in_simdgroup]],
         ushort sg    [[simdgroup_index_in_threadgroup]]) {
     const escha_weights w = escha_weights_of(args, 0, code, rin, rout, s_in, s_out, bias);
-    escha_rows_t<ESCHA_MTL_NR_MMA> rows;
-    for (int r = 0; r < ESCHA_MTL_NR_MMA; r++) {
-        const int row = tgpig.y * ESCHA_MTL_NR_MMA + r;
-        rows.x[r] = row < args.nrows ? escha_dense_row(args, x, row) : nullptr;
-        rows.y[r] = row < args.nrows ? dst + (ulong) row * args.oc : nullptr;
-    }
+    escha_rowset rows;
+    rows.x = x;
+    rows.dst = dst;
+    rows.list = nullptr;
+    rows.first = tgpig.y * ESCHA_MTL_NR_MMA;
+    rows.count = min(ESCHA_MTL_NR_MMA, args.nrows - rows.first);
     escha_mma_rows<K>(args, w, rows, tgpig.x, shm, lane, sg);
 }
 
@@ -525,12 +545,6 @@ kernel void kernel_escha_linear_mma(
 
 static inline int escha_moe_id(constant escha_metal_args & args, device const char * ids, int t, int u) {
     return ((device const int *) (ids + (ulong) t * args.nbi1))[u];
-}
-
-static inline device const float * escha_moe_x(constant escha_metal_args & args, device const char * x, int slot) {
-    const int t = slot / args.n_used;
-    const int u = slot % args.n_used;
-    return (device const float *) (x + (ulong) (u % args.ne11) * args.nb11 + (ulong) t * args.nb12);
 }
 
 static inline void escha_fill_nan(device float * y, int ob, ushort lane, ushort sg) {
@@ -629,12 +643,12 @@ kernel void kernel_escha_moe_prefill(
     }
     const escha_weights w = escha_weights_of(args, e, code, rin, rout, s_in, s_out, bias);
     for (int c0 = tgpig.y * ESCHA_MTL_NR; c0 < cnt; c0 += tgpg.y * ESCHA_MTL_NR) {
-        escha_rows rows;
-        for (int r = 0; r < ESCHA_MTL_NR; r++) {
-            const int i = c0 + r;
-            rows.x[r] = i < cnt ? escha_moe_x(args, x, list[i]) : nullptr;
-            rows.y[r] = i < cnt ? dst + (ulong) list[i] * args.oc : nullptr;
-        }
+        escha_rowset rows;
+        rows.x = x;
+        rows.dst = dst;
+        rows.list = list;
+        rows.first = c0;
+        rows.count = min(ESCHA_MTL_NR, cnt - c0);
         escha_prefill_rows<K>(args, w, rows, tgpig.x, shm, lane, sg);
     }
 }

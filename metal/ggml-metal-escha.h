@@ -26,8 +26,8 @@ int64_t ggml_metal_escha_batch_size(const struct ggml_tensor * op);
 struct ggml_metal_pipeline_with_params ggml_metal_escha_get_pipeline(ggml_metal_library_t lib, const char * name);
 
 // Encodes an escha op; `buffer_id` maps a tensor to its Metal buffer and
-// offset (ggml-metal-ops.cpp's helper). Returns the number of nodes
-// consumed (1).
+// offset (ggml-metal-ops.cpp's ggml_metal_get_buffer_id). Returns the
+// number of nodes consumed (1).
 typedef struct ggml_metal_buffer_id (*ggml_metal_escha_buffer_id_fn)(const struct ggml_tensor * t);
 int ggml_metal_escha_encode(ggml_metal_library_t lib, ggml_metal_encoder_t enc, const struct ggml_tensor * op,
                             ggml_metal_escha_buffer_id_fn buffer_id);

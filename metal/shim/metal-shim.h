@@ -82,6 +82,17 @@ struct uint3 {
     uint x, y, z;
 };
 
+// ---- metal::min / max ----------------------------------------------------------
+template <typename T>
+static inline T min(T a, T b) {
+    return b < a ? b : a;
+}
+
+template <typename T>
+static inline T max(T a, T b) {
+    return a < b ? b : a;
+}
+
 // ---- bit casts -------------------------------------------------------------
 template <typename To, typename From>
 static inline To as_type(From v) {
