@@ -256,8 +256,13 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let norm = random(&mut rng, 128, 1.0);
     let a_proj = random(&mut rng, 48 * 128, 0.02);
     let router = random(&mut rng, 2 * 128, 0.02);
+    // An int8 projection as the MoE exports store them: rows and one f16 scale per row.
+    let o_int8: Vec<u8> = (0..128 * 128).map(|i| ((i * 37 % 255) as i32 - 127) as i8 as u8).collect();
+    let o_scale: Vec<f32> = (0..128).map(|r| 0.001 * (1 + r % 7) as f32).collect();
     let src = vec![
         ("model.embed_tokens.weight", "F16", vec![64, 128], h(&random(&mut rng, 64 * 128, 1.0))),
+        ("model.layers.0.self_attn.o_proj.weight_int8", "I8", vec![128, 128], o_int8.clone()),
+        ("model.layers.0.self_attn.o_proj.weight_scale", "F16", vec![128], h(&o_scale)),
         ("model.layers.0.input_layernorm.weight", "F32", vec![128], f(&norm)),
         ("model.layers.0.linear_attn.in_proj_a.weight", "F16", vec![48, 128], h(&a_proj)),
         ("model.layers.0.mlp.down_proj.weight", "BF16", vec![128, 256], bf(&down)),
@@ -287,6 +292,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
             assert_eq!(&get(name).read().unwrap(), bytes, "{name} copied");
         }
     }
+    let mut decoded = Vec::new(); // (prefix, effective weights) for the decode check below
     // Each coded prefix passes the crate's own leaf validation and decodes
     // back to its source weight.
     let dt = |s: &str| match s {
@@ -320,8 +326,32 @@ fn quantize_writes_an_escha_hf_checkpoint() {
             let err = rel_err(&got, &want[x * n..(x + 1) * n]);
             eprintln!("{prefix} expert {x}: K={k} rel err {err:.4}");
             assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{prefix} expert {x}: {err}");
+            decoded.push((prefix, x, got));
         }
     }
+    // `escha decode` of the checkpoint: a plain checkpoint that any converter
+    // reads, coded linears as their effective weights, int8 rows times scale.
+    let plain = d.0.join("plain");
+    let o = escha(&["decode", output.to_str().unwrap(), plain.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(plain.join("config.json")).unwrap()).unwrap();
+    assert!(cfg.get("quantization_config").is_none() && cfg["model_type"] == "qwen3_5_moe", "{cfg}");
+    let plain_t = read_header(&plain.join("model.safetensors")).unwrap();
+    let pget = |n: &str| plain_t.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("decoded: {n} missing"));
+    assert!(plain_t.iter().all(|t| !t.name.contains("escha_") && !t.name.contains("weight_int8") && !t.name.contains("weight_scale")));
+    for (prefix, x, got) in &decoded {
+        let t = pget(&format!("{prefix}.weight"));
+        let e = if t.shape.len() == 3 { t.shape[0] } else { 1 };
+        assert_eq!(t.dtype, "F32", "{prefix}");
+        let v = t.read_f32().unwrap();
+        let n = v.len() / e;
+        assert!(v[x * n..(x + 1) * n] == got[..], "{prefix} expert {x}: decoded weights differ from the effective weight");
+    }
+    let o_dec = pget("model.layers.0.self_attn.o_proj.weight").read_f32().unwrap();
+    for (i, (&q, &w)) in o_int8.iter().zip(&o_dec).enumerate() {
+        assert_eq!(w, (q as i8) as f32 * f16::from_f32(o_scale[i / 128]).to_f32(), "o_proj int8 row {}", i / 128);
+    }
+    assert_eq!(pget("model.layers.0.mlp.gate.weight").read().unwrap(), h(&router), "copied tensors stay byte for byte");
     // An existing output directory is not overwritten; an escha checkpoint is refused.
     let o = escha(&["quantize", input.to_str().unwrap(), output.to_str().unwrap()]);
     assert!(o.code == 1 && o.stderr.contains("already exists"), "{}", o.stderr);

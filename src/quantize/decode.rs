@@ -56,6 +56,9 @@ pub fn decode_gguf(input: &Path, output: &Path) -> anyhow::Result<usize> {
         let code: Vec<i16> = src.read(t)?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
         let need = |name: &str| leaf(&src, stem, name).with_context(|| format!("{stem}: missing {name}"));
         let f16s = |ti: &TensorInfo| -> anyhow::Result<Vec<f16>> {
+            if ti.ty != GgmlType::GGML_TYPE_F16 {
+                bail!("{}: type {}, expected f16 (as the loader requires)", ti.name, ti.type_name());
+            }
             Ok(src.read_f32(ti)?.into_iter().map(f16::from_f32).collect())
         };
         let s_in = leaf(&src, stem, "escha_s_in").map(|ti| src.read_f32(ti)).transpose()?;
