@@ -68,20 +68,17 @@ static inline void escha_decode_lane(device const uint * w32, ushort lane, threa
     }
     const int m0 = p0 >> 5;
     const int off0 = p0 & 31;
-    uint wd[3];
-    ESCHA_UNROLL
-    for (int i = 0; i < 3; i++) {
-        int m = m0 + i;
-        if (m >= NW) {
-            m -= NW;
-        }
-        wd[i] = w32[m];
-    }
+    // Three scalars, not an array: which word a value starts in depends on
+    // the lane, and a dynamically indexed register array would spill.
+    const uint wd0 = w32[m0];
+    const uint wd1 = w32[m0 + 1 >= NW ? m0 + 1 - NW : m0 + 1];
+    const uint wd2 = w32[m0 + 2 >= NW ? m0 + 2 - NW : m0 + 2];
+    const ulong lo2 = (ulong(wd0) << 32) | ulong(wd1); // stream bits from word m0
+    const ulong hi2 = (ulong(wd1) << 32) | ulong(wd2); // from word m0 + 1
     ESCHA_UNROLL
     for (int j = 0; j < 8; j++) {
         const int rel = off0 + j * K;          // 0 .. 31 + 7K < 64
-        const int wi = rel >> 5;
-        const ulong two = (ulong(wd[wi]) << 32) | ulong(wd[wi + 1]);
+        const ulong two = rel < 32 ? lo2 : hi2;
         const uint s = uint(two >> (48 - (rel & 31))) & 0xFFFFu;
         w[j] = escha_cb(s);
     }
