@@ -91,6 +91,22 @@ class EschaMixin:
 
     # ---- which tensors are ours ------------------------------------------
 
+    _checkpoint_names: dict[str, str] = {}
+
+    @classmethod
+    def filter_tensors(cls, item):
+        kept = super().filter_tensors(item)
+        if kept is not None:
+            EschaMixin._checkpoint_names[kept[0]] = item[0]
+        return kept
+
+    def checkpoint_name(self, name: str) -> str:
+        """`name` as the checkpoint spells it (upstream drops e.g. `language_model.`)."""
+        for leaf in ("", ".escha_code", ".weight_int8"):
+            if (orig := self._checkpoint_names.get(name + leaf)) is not None:
+                return orig.removesuffix(leaf) if leaf else orig
+        return name
+
     def dequant_model(self):
         qc = self.hparams.get("quantization_config") or {}
         method = qc.get("quant_method")
@@ -103,24 +119,24 @@ class EschaMixin:
             stem, _, leaf = name.rpartition(".")
             if leaf.startswith("escha_"):
                 if leaf not in LEAVES:
-                    raise EschaError(f"{name}: unknown escha leaf {leaf!r} (a newer format feature? refusing to guess)")
+                    raise EschaError(f"{self.checkpoint_name(name)}: unknown escha leaf {leaf!r} (a newer format feature? refusing to guess)")
                 coded.setdefault(stem, {})[leaf] = self.model_tensors.pop(name)
             elif leaf in INT8:
                 int8.setdefault(stem, {})[leaf] = self.model_tensors.pop(name)
         for stem, leaves in coded.items():
             for req in REQUIRED:
                 if req not in leaves:
-                    raise EschaError(f"{stem}: required leaf {req} is missing")
+                    raise EschaError(f"{self.checkpoint_name(stem)}: required leaf {req} is missing")
             if stem + ".bias" in self.model_tensors:
                 leaves["bias"] = self.model_tensors.pop(stem + ".bias")
         for stem, leaves in int8.items():
             for req in INT8:
                 if req not in leaves:
-                    raise EschaError(f"{stem}: {req} is missing (int8 rows need weight_int8 and weight_scale)")
+                    raise EschaError(f"{self.checkpoint_name(stem)}: {req} is missing (int8 rows need weight_int8 and weight_scale)")
         ignore = set(qc.get("ignore") or [])
         for stem in coded:
             if stem in ignore or stem + ".weight" in ignore:
-                raise EschaError(f"{stem}: coded, but quantization_config.ignore lists it")
+                raise EschaError(f"{self.checkpoint_name(stem)}: coded, but quantization_config.ignore lists it")
         if not coded:
             raise EschaError(f"{self.dir_model}: quant_method {method!r} but no escha_code leaf")
         if (method == "eschamoe") != any(l["escha_code"]().ndim == 4 for l in coded.values()):
@@ -176,18 +192,19 @@ class EschaMixin:
     # ---- coded linears ---------------------------------------------------
 
     def write_coded(self, stem: str, leaves: dict):
+        shown = self.checkpoint_name(stem)
         code = eager(leaves["escha_code"])
         if code.dtype != np.int16:
-            raise EschaError(f"{stem}.escha_code: dtype {code.dtype}, escha codes are int16")
+            raise EschaError(f"{shown}.escha_code: dtype {code.dtype}, escha codes are int16")
         if code.ndim not in (3, 4):
-            raise EschaError(f"{stem}.escha_code: rank {code.ndim}, expected [IC/16, OC/16, 16K] or [E, IC/16, OC/16, 16K]")
+            raise EschaError(f"{shown}.escha_code: rank {code.ndim}, expected [IC/16, OC/16, 16K] or [E, IC/16, OC/16, 16K]")
         if code.shape[-1] not in (32, 48):
-            raise EschaError(f"{stem}.escha_code: last dim {code.shape[-1]} is not 16*K with K = 2 or 3")
+            raise EschaError(f"{shown}.escha_code: last dim {code.shape[-1]} is not 16*K with K = 2 or 3")
         k, ic, oc = code.shape[-1] // 16, code.shape[-3] * 16, code.shape[-2] * 16
         e = code.shape[0] if code.ndim == 4 else None
         for what, n in (("IC", ic), ("OC", oc)):
             if n % 128:
-                raise EschaError(f"{stem}.escha_code: {what} = {n}: dimensions must be multiples of 128")
+                raise EschaError(f"{shown}.escha_code: {what} = {n}: dimensions must be multiples of 128")
         lead = () if e is None else (e,)
         want = {"escha_rin": (np.float16, lead + (ic,)), "escha_rout": (np.float16, lead + (oc,)),
                 "escha_s_in": (np.float32, lead + (ic,)), "escha_s_out": (np.float32, lead + (oc,)),
@@ -198,19 +215,19 @@ class EschaMixin:
                 continue
             v = eager(leaves[leaf])
             if v.dtype != dtype:
-                raise EschaError(f"{stem}.{leaf}: dtype {v.dtype}, expected {np.dtype(dtype).name}")
+                raise EschaError(f"{shown}.{leaf}: dtype {v.dtype}, expected {np.dtype(dtype).name}")
             if v.shape != shape:
-                raise EschaError(f"{stem}.{leaf}: shape {list(v.shape)}, expected {list(shape)}")
+                raise EschaError(f"{shown}.{leaf}: shape {list(v.shape)}, expected {list(shape)}")
             bad = np.flatnonzero(~np.isfinite(v.astype(np.float32)))
             if bad.size and leaf != "bias":
-                raise EschaError(f"{stem}.{leaf}: non-finite value {v.reshape(-1)[bad[0]]} at index {bad[0]}")
+                raise EschaError(f"{shown}.{leaf}: non-finite value {v.reshape(-1)[bad[0]]} at index {bad[0]}")
             vec[leaf] = v
         if "escha_config" in leaves:
-            self.check_config(stem, eager(leaves["escha_config"]), k, ic, oc, e)
+            self.check_config(shown, eager(leaves["escha_config"]), k, ic, oc, e)
 
         if (order := self.v_head_order(stem)) is not None:
             side, perm = order
-            blocks = block_permutation(perm, stem)
+            blocks = block_permutation(perm, shown)
             tiles = (blocks[:, None] * 8 + np.arange(8)).reshape(-1)
             code = np.take(code, tiles, axis=-2 if side == "out" else -3)
             for leaf in (("escha_rout", "escha_s_out", "bias") if side == "out" else ("escha_rin", "escha_s_in")):
@@ -226,7 +243,7 @@ class EschaMixin:
                     (" (V heads reordered)" if order else ""))
 
     @staticmethod
-    def check_config(stem: str, cfg: np.ndarray, k: int, ic: int, oc: int, e: int | None):
+    def check_config(shown: str, cfg: np.ndarray, k: int, ic: int, oc: int, e: int | None):
         cfg = cfg.reshape(-1).astype(np.int64)
         if e is None:
             want = [("tile edge", 16), ("K", k), ("entry 2", 2), ("codebook", 1), ("IC", ic), ("OC", oc)]
@@ -234,25 +251,26 @@ class EschaMixin:
             want = [("tile edge", 16), ("K", k), ("entry 2", 2), ("codebook", 1), ("E", e),
                     ("in_f", ic), ("out_f", oc), ("in_p", ic), ("out_p", oc)]
         if cfg.size != len(want):
-            raise EschaError(f"{stem}.escha_config: {cfg.size} entries, expected {len(want)} for a "
+            raise EschaError(f"{shown}.escha_config: {cfg.size} entries, expected {len(want)} for a "
                              f"{'dense' if e is None else 'expert'} code")
         for i, ((what, v), got) in enumerate(zip(want, cfg)):
             if what == "codebook" and got != 1:
-                raise EschaError(f"{stem}.escha_config: codebook id {got}; only 1 (cbA) is known")
+                raise EschaError(f"{shown}.escha_config: codebook id {got}; only 1 (cbA) is known")
             if got != v:
-                raise EschaError(f"{stem}.escha_config[{i}] ({what}) = {got} disagrees with the code ({v})")
+                raise EschaError(f"{shown}.escha_config[{i}] ({what}) = {got} disagrees with the code ({v})")
 
     # ---- int8 rows -> Q8_0 -------------------------------------------------
 
     def write_int8(self, stem: str, leaves: dict):
+        shown = self.checkpoint_name(stem)
         w, s = eager(leaves["weight_int8"]), eager(leaves["weight_scale"])
         if w.dtype != np.int8 or w.ndim != 2:
-            raise EschaError(f"{stem}.weight_int8: {w.dtype} rank {w.ndim}, expected int8 [N, IC]")
+            raise EschaError(f"{shown}.weight_int8: {w.dtype} rank {w.ndim}, expected int8 [N, IC]")
         s = s.reshape(-1) if s.ndim == 2 and s.shape[1] == 1 else s
         if s.dtype != np.float16 or s.shape != (w.shape[0],):
-            raise EschaError(f"{stem}.weight_scale: {s.dtype} {list(s.shape)}, expected float16 [{w.shape[0]}]")
+            raise EschaError(f"{shown}.weight_scale: {s.dtype} {list(s.shape)}, expected float16 [{w.shape[0]}]")
         if w.shape[1] % 32:
-            raise EschaError(f"{stem}.weight_int8: IC = {w.shape[1]} is not a multiple of 32 (Q8_0 blocks)")
+            raise EschaError(f"{shown}.weight_int8: IC = {w.shape[1]} is not a multiple of 32 (Q8_0 blocks)")
         if (order := self.v_head_order(stem)) is not None:
             side, perm = order
             if side == "out":

