@@ -243,13 +243,16 @@ void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & m
     {
         std::lock_guard<std::mutex> lock(g_mutex);
         auto st = g_models.find(&model);
-        if (st == g_models.end()) {
-            if (ml.get_tensor_meta("escha_lut") != nullptr) {
-                throw std::runtime_error("escha_lut: global escha tables without coded weights or the published layout's version key");
+        published = st != g_models.end() && st->second.published;
+        for (const char * name : k_published_tables) {
+            if (!published && ml.get_tensor_meta(name) != nullptr) {
+                throw std::runtime_error(format("%s: a global table of the published layout, but the file has no coded weights "
+                    "or no %s.escha.version", name, ml.get_arch_name().c_str()));
             }
+        }
+        if (st == g_models.end()) {
             return; // no coded weight in this model
         }
-        published = st->second.published;
         apply_bias = st->second.apply_bias;
         for (auto & [code, reg] : g_weights) {
             if (reg.model == (const llama_model *) &model && !st->second.arch_biases.count(reg.stem) &&

@@ -233,12 +233,6 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
         o.remove("quantization_config");
     }
     std::fs::write(output.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-    for f in &files {
-        let name = f.file_name().unwrap_or_default().to_string_lossy();
-        let skip = f.extension().is_some_and(|e| e == "safetensors") || name == "config.json" || name == "model.safetensors.index.json";
-        if f.is_file() && !skip {
-            std::fs::copy(f, output.join(&*name))?;
-        }
-    }
+    super::hf::copy_side_files(&files, output)?;
     Ok(n)
 }

@@ -118,19 +118,24 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
             "ignore": ignore,
         });
         std::fs::write(partial.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-        // Tokenizer and other side files travel unchanged.
-        for f in &files {
-            let name = f.file_name().unwrap_or_default().to_string_lossy();
-            let skip = f.extension().is_some_and(|e| e == "safetensors") || name == "config.json" || name == "model.safetensors.index.json";
-            if f.is_file() && !skip {
-                std::fs::copy(f, partial.join(&*name))?;
-            }
-        }
-        Ok(())
+        copy_side_files(&files, &partial)
     })();
     progress.finish();
     commit_partial(result, &partial, output)?;
     report.out_bytes = std::fs::metadata(output.join("model.safetensors"))?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Copies a checkpoint's side files (tokenizer, generation config, ...):
+/// every file but the weights, their index and config.json.
+pub(crate) fn copy_side_files(files: &[std::path::PathBuf], dir: &Path) -> anyhow::Result<()> {
+    for f in files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        let skip = f.extension().is_some_and(|e| e == "safetensors") || name == "config.json" || name == "model.safetensors.index.json";
+        if f.is_file() && !skip {
+            std::fs::copy(f, dir.join(&*name))?;
+        }
+    }
+    Ok(())
 }
