@@ -145,7 +145,6 @@ class EschaMixin:
             self.write_coded(stem, coded[stem])
         for stem in sorted(int8):
             self.write_int8(stem, int8[stem])
-        self.n_coded = len(coded)
 
     def set_gguf_parameters(self):
         super().set_gguf_parameters()

@@ -154,7 +154,12 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     let get = |name: &str| by_name.get(name).copied();
     let mut w = StWriter::default();
     w.metadata("format", "pt");
-    let mut plan: Vec<(&StTensor, &str)> = Vec::new(); // (tensor, what) in output order
+    enum Out {
+        Code,
+        Int8,
+        Copy,
+    }
+    let mut plan: Vec<(&StTensor, Out)> = Vec::new(); // in output order
     for t in &tensors {
         if let Some(stem) = t.name.strip_suffix(".escha_code") {
             let [lead @ .., kt, nt, _] = t.shape.as_slice() else { bail!("{}: rank {} is not 3 or 4", t.name, t.shape.len()) };
@@ -162,15 +167,15 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 bail!("{}: rank {} is not 3 or 4", t.name, t.shape.len());
             }
             w.add(&format!("{stem}.weight"), "F32", &[lead, &[nt * 16, kt * 16]].concat())?;
-            plan.push((t, "code"));
+            plan.push((t, Out::Code));
         } else if let Some(stem) = t.name.strip_suffix(".weight_int8") {
             w.add(&format!("{stem}.weight"), "F32", &t.shape)?;
-            plan.push((t, "int8"));
+            plan.push((t, Out::Int8));
         } else if t.name.rsplit_once('.').is_some_and(|(_, l)| l.starts_with("escha_")) || t.name.ends_with(".weight_scale") {
             continue;
         } else {
             w.add(&t.name, &t.dtype, &t.shape)?;
-            plan.push((t, "copy"));
+            plan.push((t, Out::Copy));
         }
     }
     std::fs::create_dir_all(output)?;
@@ -178,7 +183,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     let mut n = 0;
     for (t, what) in plan {
         match what {
-            "code" => {
+            Out::Code => {
                 let stem = t.name.strip_suffix(".escha_code").unwrap();
                 let need = |l: &str| get(&format!("{stem}.{l}")).with_context(|| format!("{stem}: required leaf {l} is missing"));
                 let f16s = |t: &StTensor| -> anyhow::Result<Vec<f16>> {
@@ -212,7 +217,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 out.write(&format!("{stem}.weight"), bytemuck::cast_slice(&coded.effective_weights()?))?;
                 n += 1;
             }
-            "int8" => {
+            Out::Int8 => {
                 let stem = t.name.strip_suffix(".weight_int8").unwrap();
                 let st = get(&format!("{stem}.weight_scale")).with_context(|| format!("{stem}: weight_scale is missing"))?;
                 let (rows, cols) = (t.shape[0], t.size / t.shape[0]);
@@ -225,7 +230,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 out.write(&format!("{stem}.weight"), bytemuck::cast_slice(&wts))?;
                 n += 1;
             }
-            _ => out.write(&t.name, &t.read()?)?,
+            Out::Copy => out.write(&t.name, &t.read()?)?,
         }
     }
     out.finish()?;
