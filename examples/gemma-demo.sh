@@ -146,20 +146,14 @@ stop
 [ "$a" = "$b" ] || { printf 'escha:   %s\ndecoded: %s\n' "$a" "$b"; fail "greedy tokens differ"; }
 echo "greedy tokens identical: $(tr '\n' ' ' <<<"$a")"
 text=docs/FORMAT.md
-ppl() { "$bin/llama-perplexity" -t "$threads" -c 128 --chunks 6 "$@" 2>&1; }
+source tests/common/kld.sh
 ppl -m "$decoded" -f "$text" --kl-divergence-base "$cache/decoded.kld" | grep "Final estimate" || fail "llama-perplexity on the decoded model"
-# MODEL -> "mean-KLD PPL": llama-perplexity on MODEL against the decoded base.
-kld() {
-    ppl -m "$1" --kl-divergence-base "$cache/decoded.kld" --kl-divergence \
-        | awk '/^Mean PPL\(Q\) /{p=$4} /Mean +KLD:/{k=$3} END{print k, p}'
-}
-read -r self _ <<<"$(kld "$decoded")"
-read -r coded coded_ppl <<<"$(kld "$model")"
+read -r self _ _ <<<"$(kld "$decoded" "$cache/decoded.kld")"
+read -r coded _ coded_ppl <<<"$(kld "$model" "$cache/decoded.kld")"
 echo "mean KLD: decoded vs itself $self, escha vs decoded $coded; escha PPL $coded_ppl"
 # The KLD base file stores log-probabilities rounded to 16 bits, so a model
 # against itself reads about 1e-6, not 0: that floor is the control.
-python3 -c "import sys; s, c = float('$self'), float('$coded'); sys.exit(0 if s < 1e-5 and c < 1e-4 else 1)" \
-    || fail "KLD bounds: self $self (want < 1e-5), escha $coded (want < 1e-4)"
+below "$self" 1e-5 && below "$coded" 1e-4 || fail "KLD bounds: self $self (want < 1e-5), escha $coded (want < 1e-4)"
 [ -n "$coded_ppl" ] || fail "llama-perplexity on the escha model printed no perplexity"
 
 log "check: incomplete or inconsistent escha tensors fail to load, naming the tensor"

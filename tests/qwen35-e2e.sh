@@ -57,14 +57,7 @@ if [ ! -f "$tok/tokenizer.json" ]; then
 fi
 
 text=docs/FORMAT.md
-ppl() { "$bin/llama-perplexity" -t "$threads" -c 128 --chunks 6 "$@" 2>&1; }
-# MODEL BASE [ARGS]: "mean-KLD same-top-%" of MODEL against the logits saved in BASE.
-kld() {
-    local m=$1 base=$2; shift 2
-    ppl -m "$m" --kl-divergence-base "$base" --kl-divergence "$@" \
-        | awk '/Mean +KLD:/{k=$3} /^Same top p:/{t=$4} END{print k, t}'
-}
-below() { python3 -c "import sys; sys.exit(0 if float('$1') < float('$2') else 1)"; }
+source tests/common/kld.sh
 convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" --no-mtp >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
 
 for kind in dense moe; do
@@ -103,7 +96,7 @@ for kind in dense moe; do
     "$escha" decode "$model" "$work/$kind-decoded.gguf" >/dev/null
     ppl -m "$work/$kind-decoded.gguf" -f "$text" --kl-divergence-base "$work/$kind.kld" | grep -F "Final estimate" || fail "$kind: perplexity"
     read -r self _ <<<"$(kld "$work/$kind-decoded.gguf" "$work/$kind.kld")"
-    read -r coded_kld top <<<"$(kld "$model" "$work/$kind.kld")"
+    read -r coded_kld top _ <<<"$(kld "$model" "$work/$kind.kld")"
     echo "$kind mean KLD: twin vs itself $self, escha vs twin $coded_kld; same top token $top %"
     below "$self" 1e-5 && below "$coded_kld" 1e-4 || fail "$kind: KLD self $self (want < 1e-5), escha $coded_kld (want < 1e-4)"
     below 99 "$top" || fail "$kind: same top token only $top %"
@@ -146,7 +139,7 @@ rm -rf "$work/bad-hf"
 log "the published dense-27B layout (qwen35.escha.version = 1)"
 v1="$work/dense-v1.gguf"
 "$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$v1"
-read -r k top <<<"$(kld "$v1" "$work/dense.kld")"
+read -r k top _ <<<"$(kld "$v1" "$work/dense.kld")"
 echo "published layout vs the contract's twin: mean KLD $k, same top token $top %"
 below "$k" 1e-4 && below 99 "$top" || fail "published layout: KLD $k, same top $top %"
 "$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$work/bad-lut.gguf" --bad-lut
