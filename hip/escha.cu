@@ -27,6 +27,8 @@
 
 #include <cstdlib>
 
+
+
 #if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
 #define ESCHA_HAVE_MMA 1
 #endif
@@ -162,66 +164,119 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
 
 // ---- tile decode -----------------------------------------------------------
 
-// Top 32 bits of (hi:lo) << s, s in [0, 31]: stream bits [s, s+32) of a
-// big-endian 64-bit window.
-static __device__ __forceinline__ uint32_t escha_funnel(const uint32_t hi, const uint32_t lo, const int s) {
-    return (uint32_t) (((((uint64_t) hi) << 32) | lo) >> (32 - s));
-}
-
 // Where lane L's 8 states lie in a tile of 8K words: starting bit p0 of
-// value 8L's state ((8L+1)K - 16 mod 256K), as three word indices and the
-// bit offset in the first. Tile-independent: computed once per lane.
+// value 8L's state ((8L+1)K - 16 mod 256K), as the index of its word and
+// the bit offset in it, and the word offsets of the next two words (the
+// tile is a ring). Tile-independent: computed once per lane.
 template <int K>
 struct escha_lane_bits {
-    int w0, w1, w2, off;
+    int w0, d1, d2, off;
     __device__ __forceinline__ explicit escha_lane_bits(const int lane) {
         constexpr int NB = 256 * K;
         constexpr int W  = 8 * K;
         const int p0 = ((8 * lane + 1) * K - 16 + NB) % NB;
         w0  = p0 / 32;
         off = p0 % 32;
-        w1  = (w0 + 1) % W;
-        w2  = (w0 + 2) % W;
+        d1  = (w0 + 1) % W;
+        d2  = (w0 + 2) % W;
     }
 };
 
+// The words of one tile that hold lane L's 7K+16 state bits: two for K=2
+// (30 bits never span three words), three for K=3.
+template <int K>
+struct escha_lane_words {
+    uint32_t t[K == 2 ? 2 : 3];
+    __device__ __forceinline__ void load(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb) {
+        t[0] = __ldg(tile + lb.w0);
+        t[1] = __ldg(tile + lb.d1);
+        if constexpr (K == 3) {
+            t[2] = __ldg(tile + lb.d2);
+        }
+    }
+};
+
+// Decode constants as kernel parameters (escha_consts_fill sets them), so
+// that nvcc cannot fold them into instruction forms that load the integer
+// ALU pipe, the one the decode saturates:
+// - cutting a state out of the window is a left and a right shift; as a
+//   multiply by m[i] = 1 << i (an IMAD reading the constant bank) the left
+//   shift runs on the FMA pipe instead;
+// - (p & mask) ^ xr is one LOP3 only if one operand is a register: with
+//   two immediates nvcc emits two.
+struct escha_consts {
+    uint32_t m[32];
+    uint32_t mask, xr;
+};
+
+static void escha_consts_fill(escha_consts & c) {
+    for (int i = 0; i < 32; i++) {
+        c.m[i] = 1u << i;
+    }
+    c.mask = 0x8FFF8FFFu;
+    c.xr   = 0x3B603B60u;
+}
+
 // Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
 // fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
-// b[3] = {6,7}. The lane's 7K+16 <= 37 state bits are first aligned into a
-// 64-bit window (two funnel shifts by the lane's offset), so that every
-// state is then cut out at a compile-time position. Codebook:
+// b[3] = {6,7}. The lane's state bits are aligned once into a 32-bit
+// window (one funnel shift by the lane's offset; K=3 takes a second window
+// 16 bits on for its last two states), so that every state is then cut out
+// at a compile-time position: (window << jK) >> 16. Codebook:
 // r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
-// value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16 (an f16 add).
-template <int K>
-static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb,
+// value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16: one HADD2 of
+// r's two halves (operand swizzles), and the two values of a half2 then
+// joined by one byte permute.
+// REG_LOP: mask and xr from the parameters (one LOP3, and a register);
+// the prefill kernel, short of registers and not bound by the decode,
+// keeps them immediates.
+template <int K, bool REG_LOP = true>
+static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
                                                          uint32_t b[4]) {
-    const uint32_t t0 = __ldg(tile + lb.w0);
-    const uint32_t t1 = __ldg(tile + lb.w1);
-    const uint32_t t2 = __ldg(tile + lb.w2);
-    const uint32_t hi = escha_funnel(t0, t1, lb.off); // stream bits [p0, p0 + 32)
-    const uint32_t lo = escha_funnel(t1, t2, lb.off); // stream bits [p0 + 32, p0 + 64)
+#ifdef GGML_USE_HIP
+    // AMD: 32-bit multiplies are slow and a 3-input logic op takes any
+    // constants, so plain shifts and immediates.
+    GGML_UNUSED(c);
+    auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };
+    constexpr uint32_t mask = 0x8FFF8FFFu, xr = 0x3B603B60u;
+#else
+    auto cut = [&c](const uint32_t w, const int sh) -> uint32_t { return (w * c.m[sh]) >> 16; };
+    const uint32_t mask = REG_LOP ? c.mask : 0x8FFF8FFFu;
+    const uint32_t xr   = REG_LOP ? c.xr   : 0x3B603B60u;
+#endif
+    const uint32_t hi = __funnelshift_l(lw.t[1], lw.t[0], off); // window bits [0, 32)
+    uint32_t w2 = 0;
+    if constexpr (K == 3) {
+        const uint32_t lo = __funnelshift_l(lw.t[2], lw.t[1], off); // window bits [32, 64)
+        w2 = __funnelshift_l(lo, hi, 16);                           // window bits [16, 48)
+    }
     uint32_t r[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int sh = j * K; // value j's state: window bits [sh, sh + 16)
-        uint32_t s;
-        if (sh <= 16) {
-            s = (hi >> (16 - sh)) & 0xFFFFu;
-        } else {
-            s = ((hi << (sh - 16)) | (lo >> (48 - sh))) & 0xFFFFu;
-        }
-        r[j] = ((s * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+        const uint32_t s = sh == 0 ? hi >> 16 : (sh + 16 <= 32 ? cut(hi, sh) : cut(w2, sh - 16));
+        r[j] = ((s * 0xCBAC1FEDu) & mask) ^ xr;
     }
 #pragma unroll
-    for (int p = 0; p < 4; p++) {
-        const uint32_t l = __byte_perm(r[2 * p], r[2 * p + 1], 0x5410);
-        const uint32_t h = __byte_perm(r[2 * p], r[2 * p + 1], 0x7632);
-        half2 hl, hh;
-        memcpy(&hl, &l, 4);
-        memcpy(&hh, &h, 4);
-        const half2 sum = __hadd2(hl, hh);
-        memcpy(&b[p], &sum, 4);
+    for (int q = 0; q < 4; q++) {
+        half2 ha, hb;
+        memcpy(&ha, &r[2 * q], 4);
+        memcpy(&hb, &r[2 * q + 1], 4);
+        const half2 ta = __hadd2(__low2half2(ha), __high2half2(ha)); // both halves: value 2q
+        const half2 tb = __hadd2(__low2half2(hb), __high2half2(hb)); // both halves: value 2q + 1
+        uint32_t ua, ub;
+        memcpy(&ua, &ta, 4);
+        memcpy(&ub, &tb, 4);
+        b[q] = __byte_perm(ua, ub, 0x7610);
     }
+}
+
+template <int K, bool REG_LOP = true>
+static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb,
+                                                         const escha_consts & c, uint32_t b[4]) {
+    escha_lane_words<K> lw;
+    lw.load(tile, lb);
+    escha_decode_lane<K, REG_LOP>(lw, lb.off, c, b);
 }
 
 // ---- the decode-and-multiply kernel -----------------------------------------
@@ -242,6 +297,7 @@ struct escha_mm_args {
     const int32_t  * sorted;   // mode 2: slots sorted by expert
     const int32_t  * bounds;   // mode 2: [E + 1]
     int              mblocks;  // mode 2: row blocks per expert
+    escha_consts     dc;       // decode constants, set by escha_launch
 };
 
 #ifdef ESCHA_HAVE_MMA
@@ -252,11 +308,41 @@ static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4]
 }
 #endif
 
+// The rows one block works on: group z is a row block of a dense op, one
+// MoE slot (mode 1) or a row block of one expert's slots (mode 2).
+struct escha_group {
+    int64_t         e = 0, first = 0, count = 0;
+    const int32_t * list = nullptr;
+
+    __device__ __forceinline__ escha_group(const escha_mm_args & a, const int z, const int rows) {
+        if (a.mode == 0) {
+            first = (int64_t) z * rows;
+            count = min((int64_t) rows, a.n_rows - first);
+        } else if (a.mode == 1) {
+            first = z;
+            count = 1;
+            e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+        } else {
+            e = z / a.mblocks;
+            const int32_t lo = a.bounds[e] + (z % a.mblocks) * rows;
+            count = min(rows, a.bounds[e + 1] - lo);
+            first = lo;
+            list  = a.sorted;
+        }
+    }
+    // Op row of the group's i-th row; -1 past its end (padding rows).
+    __device__ __forceinline__ int64_t row(const int i) const {
+        return i < count ? (list ? (int64_t) list[first + i] : first + i) : -1;
+    }
+};
+
 // Block: 4 logical warps; warp w of block x takes NTW consecutive tile
 // columns, a range of kt_chunk tile rows (blockIdx.y), and up to MT*16 rows
-// of its group (one row block of a dense op or of one expert).
+// of its group. On the mma path the decoded tile is the B operand (k x n =
+// input x output), so every decoded tile serves MT*16 rows: the prefill
+// kernel. Without mma (HIP, pre-Ampere) MT is 1 and it serves all batches.
 template <int K, int NTW, int MT, bool MMA>
-static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const escha_mm_args a) {
+static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm_kernel(const escha_mm_args a) {
     constexpr int W    = 8 * K;   // 32-bit words per tile
     constexpr int ROWS = MT * 16;
     const int lane = threadIdx.x % ESCHA_LANES;
@@ -272,32 +358,13 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
     if (kt_begin >= kt_end) {
         return;
     }
-
-    int64_t e = 0, first = 0, count = 0;
-    const int32_t * list = nullptr;
-    if (a.mode == 0) {
-        first = (int64_t) z * ROWS;
-        count = min((int64_t) ROWS, a.n_rows - first);
-    } else if (a.mode == 1) {
-        first = z;
-        count = 1;
-        e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
-    } else {
-        e = z / a.mblocks;
-        const int32_t lo = a.bounds[e] + (z % a.mblocks) * ROWS;
-        count = min(ROWS, a.bounds[e + 1] - lo);
-        first = lo;
-        list  = a.sorted;
-    }
-    if (count <= 0) {
+    const escha_group g(a, z, ROWS);
+    if (g.count <= 0) {
         return;
     }
-    auto row_of = [&](const int i) -> int64_t {
-        return i < count ? (list ? (int64_t) list[first + i] : first + i) : -1;
-    };
 
     const escha_lane_bits<K> lb(lane);
-    const uint32_t * code = a.code + e * a.code_es + (int64_t) nt0 * W;
+    const uint32_t * code = a.code + g.e * a.code_es + (int64_t) nt0 * W;
     const int64_t kt_stride = (int64_t) a.NT * W;
     const int kq = (lane % 4) * 2; // this lane's k pair (and +8) in a tile
 
@@ -307,8 +374,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
         int64_t rlo[MT], rhi[MT];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            rlo[mt] = row_of(mt * 16 + lane / 4);
-            rhi[mt] = row_of(mt * 16 + lane / 4 + 8);
+            rlo[mt] = g.row(mt * 16 + lane / 4);
+            rhi[mt] = g.row(mt * 16 + lane / 4 + 8);
 #pragma unroll
             for (int w = 0; w < NTW; w++) {
 #pragma unroll
@@ -331,7 +398,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
 #pragma unroll
             for (int w = 0; w < NTW; w++) {
                 uint32_t b[4];
-                escha_decode_lane<K>(tiles + w * W, lb, b);
+                escha_decode_lane<K, false>(tiles + w * W, lb, a.dc, b);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     escha_mma(acc[mt][w] + 0, A[mt], b[0], b[1]);
@@ -378,7 +445,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
     int64_t rows16[16];
 #pragma unroll
     for (int m = 0; m < 16; m++) {
-        rows16[m] = row_of(m);
+        rows16[m] = g.row(m);
 #pragma unroll
         for (int w = 0; w < NTW; w++) {
             acc[m][w][0] = 0.0f;
@@ -391,7 +458,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
 #pragma unroll
         for (int w = 0; w < NTW; w++) {
             uint32_t b[4];
-            escha_decode_lane<K>(tiles + w * W, lb, b);
+            escha_decode_lane<K>(tiles + w * W, lb, a.dc, b);
 #pragma unroll
             for (int p = 0; p < 4; p++) {
                 half2 h;
@@ -440,6 +507,161 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_mm_kernel(const es
     }
 }
 
+#ifdef ESCHA_HAVE_MMA
+#define ESCHA_GEMV_MMA 1
+#endif
+
+// The token-generation kernel (mma path, up to NB*8 rows per group): the
+// decoded tile is the A operand (m x k = output x input), so one
+// m16n8k16 covers a whole 16x16 tile and the inputs are the B operand with
+// n = 8 rows. A lane's decoded words are then A's registers in the order
+// {b0, b2, b1, b3} (rows lane/4 and +8 are its two output columns, k pairs
+// kq and kq+8). Against the prefill kernel at batch 1 this halves the mma
+// count and the accumulators, and it software-pipelines the loads: the next
+// tile row's code words and inputs are in flight while this one decodes.
+template <int K, int NTW, int NB>
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
+#ifdef ESCHA_GEMV_MMA
+    constexpr int W    = 8 * K;
+    constexpr int ROWS = NB * 8;
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int warp = threadIdx.x / ESCHA_LANES;
+    const int xb   = blockIdx.x % a.n_x;
+    const int z    = blockIdx.x / a.n_x;
+    const int nt0  = (xb * ESCHA_WARPS + warp) * NTW;
+    if (nt0 >= a.NT) {
+        return;
+    }
+    const int kt_begin = blockIdx.y * a.kt_chunk;
+    const int kt_end   = min(a.KT, kt_begin + a.kt_chunk);
+    if (kt_begin >= kt_end) {
+        return;
+    }
+    const escha_group g(a, z, ROWS);
+    if (g.count <= 0) {
+        return;
+    }
+
+    const escha_lane_bits<K> lb(lane);
+    const uint32_t * code = a.code + g.e * a.code_es + (int64_t) nt0 * W;
+    const int64_t kt_stride = (int64_t) a.NT * W;
+    const int kq = (lane % 4) * 2;
+
+    // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
+    // kq and kq + 8. A padding row reads row 0 instead: its products land in
+    // output columns that are never stored, and no load is predicated.
+    const half * xr[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        const int64_t r = g.row(nb * 8 + lane / 4);
+        xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+    }
+    // The lane's code words at tile row kt: q[i] + w * W for tile column
+    // nt0 + w (compile-time offsets from one pointer per word).
+    constexpr int NW = K == 2 ? 2 : 3;
+    const uint32_t * q[NW];
+    q[0] = code + kt_begin * kt_stride + lb.w0;
+    q[1] = code + kt_begin * kt_stride + lb.d1;
+    if constexpr (K == 3) {
+        q[2] = code + kt_begin * kt_stride + lb.d2;
+    }
+    auto load = [&](uint32_t (&X)[NB][2], escha_lane_words<K> (&cw)[NTW]) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            X[nb][0] = *(const uint32_t *) (xr[nb]);
+            X[nb][1] = *(const uint32_t *) (xr[nb] + 8);
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                cw[w].t[i] = __ldg(q[i] + w * W);
+            }
+        }
+    };
+
+    float acc[NTW][NB][4];
+#pragma unroll
+    for (int w = 0; w < NTW; w++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                acc[w][nb][i] = 0.0f;
+            }
+        }
+    }
+    uint32_t X[NB][2];
+    escha_lane_words<K> cw[NTW];
+    load(X, cw);
+    for (int kt = kt_begin; kt < kt_end; kt++) {
+        uint32_t Xc[NB][2];
+        escha_lane_words<K> cc[NTW];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            Xc[nb][0] = X[nb][0];
+            Xc[nb][1] = X[nb][1];
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            cc[w] = cw[w];
+        }
+        // Next tile row's loads (the last iteration reloads its own row:
+        // in bounds, and no branch).
+        if (kt + 1 < kt_end) {
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                xr[nb] += 16;
+            }
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                q[i] += kt_stride;
+            }
+        }
+        load(X, cw);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
+            }
+        }
+    }
+    // C fragment: c0,c1 at (output lane/4, rows kq, kq+1), c2,c3 at output + 8.
+    const bool split = gridDim.y > 1;
+    auto put = [&](const int64_t r, const int col, const float val) {
+        if (r < 0) {
+            return;
+        }
+        float * p = a.mid + r * a.OC + col;
+        if (split) {
+            atomicAdd(p, val);
+        } else {
+            *p = val;
+        }
+    };
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        const int64_t r0 = g.row(nb * 8 + kq);
+        const int64_t r1 = g.row(nb * 8 + kq + 1);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            const int col = (nt0 + w) * 16 + lane / 4;
+            put(r0, col,     acc[w][nb][0]);
+            put(r1, col,     acc[w][nb][1]);
+            put(r0, col + 8, acc[w][nb][2]);
+            put(r1, col + 8, acc[w][nb][3]);
+        }
+    }
+#else
+    GGML_UNUSED(a);
+    NO_DEVICE_CODE;
+#endif // ESCHA_GEMV_MMA
+}
+
 // ---- host side ---------------------------------------------------------------
 
 bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
@@ -478,19 +700,20 @@ static int64_t escha_expert_stride(const ggml_tensor * t) {
     return t == nullptr || ggml_nrows(t) == 1 ? 0 : t->ne[0];
 }
 
-// Launches the decode-and-multiply kernel over n_z groups, of which about
+// Launches a decode-and-multiply kernel over n_z groups, of which about
 // z_busy have rows. IC is split until the grid fills two waves of resident
 // blocks (more blocks in flight hide the load -> decode -> mma latency; on
 // the H200 two waves beat one by 11% at 5120 -> 17408, hip/bench), keeping
-// at least 8 tile rows per split.
-template <int K, int NTW, int MT, bool MMA>
-static void escha_launch_mm(escha_mm_args a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
-    static int per_sm = 0; // resident blocks per SM (the kernel's registers decide), asked once
+// at least 8 tile rows per split. per_sm: the kernel's resident blocks per
+// SM (its registers decide), asked once.
+static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_args a, const int64_t n_z, const int64_t z_busy,
+                         const int nsm, cudaStream_t stream) {
     if (per_sm == 0) {
         int n = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, escha_mm_kernel<K, NTW, MT, MMA>, ESCHA_THREADS, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, ESCHA_THREADS, 0));
         per_sm = std::max(n, 1);
     }
+    escha_consts_fill(a.dc);
     const int64_t resident = (int64_t) per_sm * nsm;
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
     int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(2 * resident / blocks, a.KT / 8));
@@ -498,7 +721,19 @@ static void escha_launch_mm(escha_mm_args a, const int64_t n_z, const int64_t z_
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
     const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);
-    escha_mm_kernel<K, NTW, MT, MMA><<<grid, ESCHA_THREADS, 0, stream>>>(a);
+    kernel<<<grid, ESCHA_THREADS, 0, stream>>>(a);
+}
+
+template <int K, int NTW, int MT, bool MMA>
+static void escha_launch_mm(const escha_mm_args & a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
+    static int per_sm = 0;
+    escha_launch(escha_mm_kernel<K, NTW, MT, MMA>, per_sm, a, n_z, z_busy, nsm, stream);
+}
+
+template <int K, int NTW, int NB>
+static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
+    static int per_sm = 0;
+    escha_launch(escha_gemv_kernel<K, NTW, NB>, per_sm, a, n_z, z_busy, nsm, stream);
 }
 
 // Runs the three stages for n_rows op rows. moe: ids given (mode 1 or 2).
@@ -551,10 +786,12 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
     const int64_t n_used  = moe ? rows.ne1 : 1;
     const bool    direct  = moe && n_tokens <= 8;
     const int64_t per_grp = !moe ? n_rows : (direct ? 1 : n_tokens);
+    // mma: up to 16 rows per group the token-generation kernel (8 or 16
+    // rows a block), above it the prefill kernel (64); SIMT: 16.
     const bool    big     = use_mma && per_grp > 16;
-    const int     MT      = big ? 4 : 1;
-    const int     NTW     = !use_mma ? 2 : (big ? 2 : 4);
-    const int     ROWS    = MT * 16;
+    const int     NB      = per_grp <= 8 ? 1 : 2;
+    const int     ROWS    = !use_mma ? 16 : (big ? 64 : NB * 8);
+    const int     NTW     = !use_mma || big ? 2 : 4;
     a.n_x = (a.NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
@@ -603,11 +840,17 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
         } else {
             escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
+    } else if (NB == 1) {
+        if (K == 2) {
+            escha_launch_gemv<2, 4, 1>(a, n_z, z_busy, nsm, stream);
+        } else {
+            escha_launch_gemv<3, 4, 1>(a, n_z, z_busy, nsm, stream);
+        }
     } else {
         if (K == 2) {
-            escha_launch_mm<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+            escha_launch_gemv<2, 4, 2>(a, n_z, z_busy, nsm, stream);
         } else {
-            escha_launch_mm<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+            escha_launch_gemv<3, 4, 2>(a, n_z, z_busy, nsm, stream);
         }
     }
 #endif

@@ -2,7 +2,11 @@
 // decode-and-multiply kernel from the per-op launches and to compare IC
 // splits (grid sizes). Includes ../escha.cu, so it times exactly the
 // shipped kernels. Build and run on the GPU machine (hip/bench/run.sh).
-#include "../escha.cu"
+// ESCHA_SRC: another version of escha.cu to time instead (A/B runs).
+#ifndef ESCHA_SRC
+#define ESCHA_SRC "../escha.cu"
+#endif
+#include ESCHA_SRC
 
 #include <cstdio>
 #include <random>
@@ -20,30 +24,43 @@ struct timer {
     float stop_ms() { cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms, a, b); return ms; }
 };
 
-template <int K, int NTW, int MT>
+// ROWS rows per block: the prefill kernel escha_mm_kernel<K, NTW, ROWS/16>
+// above 16, else the token-generation kernel escha_gemv_kernel<K, NTW, ROWS/8>.
+template <int K, int NTW, int ROWS>
+static void (*kernel_of())(escha_mm_args) {
+    if constexpr (ROWS > 16) {
+        return escha_mm_kernel<K, NTW, ROWS / 16, true>;
+    } else {
+        return escha_gemv_kernel<K, NTW, ROWS / 8>;
+    }
+}
+
+template <int K, int NTW, int ROWS>
 static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) {
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-    const int n_z = (int) ((a.n_rows + MT * 16 - 1) / (MT * 16));
+    const int n_z = (int) ((a.n_rows + ROWS - 1) / ROWS);
     const dim3 grid(a.n_x * n_z, ksplit);
+    void (*kernel)(escha_mm_args) = kernel_of<K, NTW, ROWS>();
+    escha_consts_fill(a.dc);
     // checksum of one clean launch
     CUDA_CHECK(cudaMemset(a.mid, 0, a.n_rows * a.OC * sizeof(float)));
-    escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    kernel<<<grid, ESCHA_THREADS>>>(a);
     std::vector<float> h(a.n_rows * a.OC);
     CUDA_CHECK(cudaMemcpy(h.data(), a.mid, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double s = 0;
     for (float v : h) s += v;
     *checksum = s;
-    for (int i = 0; i < 5; i++) escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    for (int i = 0; i < 5; i++) kernel<<<grid, ESCHA_THREADS>>>(a);
     timer t;
     t.start();
-    for (int i = 0; i < iters; i++) escha_mm_kernel<K, NTW, MT, true><<<grid, ESCHA_THREADS>>>(a);
+    for (int i = 0; i < iters; i++) kernel<<<grid, ESCHA_THREADS>>>(a);
     const float ms = t.stop_ms();
     CUDA_CHECK(cudaGetLastError());
     return ms * 1000.0f / iters;
 }
 
-template <int K, int NTW, int MT>
+template <int K, int NTW, int ROWS>
 static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     const int KT = IC / 16, NT = OC / 16;
     const size_t n_code = (size_t) KT * NT * 16 * K;
@@ -64,20 +81,20 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     a.code = (const uint32_t *) d_code; a.code_es = 0; a.xh = d_xh; a.mid = d_mid;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = M; a.mode = 0;
     a.n_x = (NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
-    const int n_z = (M + MT * 16 - 1) / (MT * 16);
+    const int n_z = (M + ROWS - 1) / ROWS;
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, escha_mm_kernel<K, NTW, MT, true>, ESCHA_THREADS, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<K, NTW, ROWS>(), ESCHA_THREADS, 0));
     const int blocks = a.n_x * n_z;
-    const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((MT > 1 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
+    const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((ROWS > 16 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
     const int one_wave  = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) per_sm * nsm / blocks, KT / 8));
     const int two_waves = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) 2 * per_sm * nsm / blocks, KT / 8));
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
            "two waves %d (shipped)\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves);
-    std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, one_wave * 4};
+    std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, one_wave * 4, std::max(1, KT / 16)};
     for (int ks : splits) {
         if (ks > KT / 4) continue;
         double cs;
-        const float us = time_mm<K, NTW, MT>(a, ks, M > 16 ? 50 : 500, &cs);
+        const float us = time_mm<K, NTW, ROWS>(a, ks, M > 16 ? 50 : 500, &cs);
         const int chunk = (KT + ks - 1) / ks;
         const int real = (KT + chunk - 1) / chunk;
         const double w = (double) IC * OC;
@@ -117,7 +134,7 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
     auto op = [&]() {
         escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4);
-        escha_launch_mm<K, 4, 1, true>(a, 1, 1, nsm, 0);
+        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
         escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC);
     };
     for (int i = 0; i < 5; i++) op();
@@ -126,7 +143,7 @@ static void run_op(const int IC, const int OC, const int nsm) {
     for (int i = 0; i < 500; i++) op();
     const float us_op = t.stop_ms() * 2.0f;
     t.start();
-    for (int i = 0; i < 500; i++) escha_launch_mm<K, 4, 1, true>(a, 1, 1, nsm, 0);
+    for (int i = 0; i < 500; i++) escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
     const float us_mm = t.stop_ms() * 2.0f;
     t.start();
     for (int i = 0; i < 500; i++) {
@@ -144,11 +161,22 @@ int main() {
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     const int nsm = p.multiProcessorCount;
     printf("%s, %d SMs\n", p.name, nsm);
-    run_shape<2, 4, 1>(5120, 17408, 1, nsm);
-    run_shape<3, 4, 1>(17408, 5120, 1, nsm);
-    run_shape<2, 4, 1>(5120, 17408, 8, nsm);
-    run_shape<2, 2, 4>(5120, 17408, 512, nsm);
-    run_shape<3, 2, 4>(17408, 5120, 512, nsm);
+    if (getenv("ESCHA_BENCH_GEMV_ONLY")) { // one shape, for a profiler
+        run_shape<2, 4, 8>(5120, 17408, 1, nsm);
+        return 0;
+    }
+    run_shape<2, 4, 8>(5120, 17408, 1, nsm);
+    run_shape<3, 4, 8>(17408, 5120, 1, nsm);
+    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV
+        run_shape<2, 2, 8>(5120, 17408, 1, nsm);
+        run_shape<2, 8, 8>(5120, 17408, 1, nsm);
+        run_shape<3, 2, 8>(17408, 5120, 1, nsm);
+        run_shape<3, 8, 8>(17408, 5120, 1, nsm);
+    }
+    run_shape<2, 4, 8>(5120, 17408, 8, nsm);
+    run_shape<2, 4, 16>(5120, 17408, 16, nsm);
+    run_shape<2, 2, 64>(5120, 17408, 512, nsm);
+    run_shape<3, 2, 64>(17408, 5120, 512, nsm);
     run_op<2>(5120, 17408, nsm);
     run_op<3>(17408, 5120, nsm);
     return 0;

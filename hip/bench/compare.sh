@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A/B timing of escha.cu variants on a GPU machine (nvcc, sm_90): builds
+# escha-mm-bench once per variant (ESCHA_SRC / -D flags), runs each, prints
+# the SASS instruction mix of the batch-1 multiply kernel and, where Nsight
+# Compute is installed and allowed, its pipe and stall figures.
+# Usage: hip/bench/compare.sh NAME=FLAGS...   (FLAGS: nvcc -D options;
+#        ESCHA_SRC=path picks another escha.cu, e.g. -DESCHA_SRC=\"/abs/old.cu\")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+src=$(mktemp -d)
+tar -C "$src" -xJf .device/llama.cpp.tar.xz ./ggml/include ./ggml/src/ggml-cuda ./ggml/src/ggml-impl.h ./ggml/src/ggml-common.h 2>/dev/null \
+    || tar -C "$src" -xJf .device/llama.cpp.tar.xz
+export PATH=/usr/local/cuda/bin:$PATH
+out=${OUT:-out}
+mkdir -p "$out"
+names=()
+for v in "$@"; do
+    name=${v%%=*}; flags=${v#*=}
+    names+=("$name")
+    # shellcheck disable=SC2086
+    nvcc -std=c++17 -O3 -arch=sm_90 $flags -I"$src/ggml/src/ggml-cuda" -I"$src/ggml/src" -I"$src/ggml/include" \
+        -Xlinker --unresolved-symbols=ignore-all -o "$src/bench-$name" hip/bench/escha-mm-bench.cu > "$out/nvcc-$name.log" 2>&1 &
+done
+wait
+for name in "${names[@]}"; do
+    echo "=== $name"
+    [ -x "$src/bench-$name" ] || { cat "$out/nvcc-$name.log"; continue; }
+    rm -f "$out/nvcc-$name.log"
+    "$src/bench-$name" > "$out/bench-$name.txt"
+    grep -E "^K=|split|^op" "$out/bench-$name.txt" | sed -E 's/checksum/cs/; s/ +/ /g'
+done
+for name in "${names[@]}"; do
+    # instruction mix of the batch-1 GEMV kernels (K=2 and K=3)
+    cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null
+    # the K=2 batch-1 kernel's code, first variant only (files that come back are few)
+    [ "$name" = "${names[0]}" ] && awk "/Function : .*escha_gemv_kernelILi2ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+        | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k2-$name.txt"
+    for k in 2 3; do
+        echo "sass $name K=$k: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+            | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 \
+            | awk '{printf "%s %s, ", $2, $1}')"
+    done
+done
+if command -v ncu > /dev/null; then
+    for name in "${names[@]}"; do
+        ESCHA_BENCH_GEMV_ONLY=1 timeout 120 ncu -k regex:escha_gemv_kernel -s 20 -c 1 \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+            "$src/bench-$name" > "$out/ncu-$name.txt" 2>&1
+        echo "=== ncu $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Issue Slots Busy|highest-utilized|Warp Cycles Per Issued|Registers Per|Achieved Active Warps|Theoretical Active' "$out/ncu-$name.txt" \
+            | sed -E 's/ +/ /g; s/based on elapsed.*//' | tr '\n' ';')"
+    done
+fi
