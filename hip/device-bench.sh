@@ -3,6 +3,10 @@
 # device call (run hip/device-build.sh first; results go to $OUT or ./out):
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
 #            tensor-core path and on the SIMT path (the one HIP runs)
+#   broken   parity with a deliberately wrong decode (each lane's state
+#            offset one bit off) must fail: patches the build tree's
+#            escha.cu, rebuilds test-backend-ops, runs, restores the file
+#            (the next hip/device-build.sh rebuilds it)
 #   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
 #            IQ2_XXS weights of the same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
@@ -13,6 +17,10 @@
 #   iq2      the IQ2_XXS twins (uniform importance matrix; slow: about 3 min
 #            for the 16-layer dense twin on 16 cores), then the twin is deleted
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
+# MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
+# models: each call to a GPU machine starts from a fresh tree and may run 10
+# minutes, and build + one model's twins + bench fit one call:
+#   MODELS=dense bash -c 'bash hip/device-bench.sh gen & bash hip/device-build.sh; wait; bash hip/device-bench.sh q4km iq2 bench'
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=.device-build/build/bin
@@ -21,6 +29,8 @@ out=${OUT:-out}
 mkdir -p "$out" "$M"
 DENSE_LAYERS=${DENSE_LAYERS:-16}
 MOE_LAYERS=${MOE_LAYERS:-4}
+MODELS=${MODELS:-dense moe}
+has() { [[ " $MODELS " == *" $1 "* ]]; }
 for step in "$@"; do
     case $step in
     parity)
@@ -30,6 +40,20 @@ for step in "$@"; do
             GGML_ESCHA_SIMT=1 $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-simt-$op.log" 2>&1
             echo "$op SIMT: $(grep -E 'tests passed' "$out/parity-simt-$op.log" | head -1)"
         done ;;
+    broken)
+        f=.device-build/llama.cpp/ggml/src/ggml-cuda/escha.cu
+        cp "$f" "$out/escha.cu.orig"
+        sed -i 's/const int p0 = ((8 \* lane + 1) \* K - 16 + NB) % NB;/const int p0 = ((8 * lane + 1) * K - 15 + NB) % NB;/' "$f"
+        if cmp -s "$f" "$out/escha.cu.orig"; then
+            echo "broken: the line to break is not in escha.cu" >&2; exit 1
+        fi
+        ninja -C .device-build/build test-backend-ops > "$out/broken-build.log" 2>&1 || tail -n 20 "$out/broken-build.log"
+        for op in ESCHA_LINEAR ESCHA_MOE; do
+            $B/test-backend-ops -b CUDA0 -o $op > "$out/broken-$op.log" 2>&1
+            echo "$op, decode broken on purpose: $(grep -E 'tests passed' "$out/broken-$op.log" | head -1) $(grep -c FAIL "$out/broken-$op.log") FAIL lines"
+        done
+        cp "$out/escha.cu.orig" "$f"
+        rm -f "$out/escha.cu.orig" ;;
     perf)
         $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
@@ -37,27 +61,33 @@ for step in "$@"; do
         grep -h "us/run" "$out/perf-escha.log" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
     gen|models)
         S=hip/synthetic-qwen35.py
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 -o $M/dense-f16.gguf --imatrix $M/dense.imatrix
-        python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
-        python3 $S --model moe35b --layers "$MOE_LAYERS" --weights f16 -o $M/moe-f16.gguf --imatrix $M/moe.imatrix
+        if has dense; then
+            python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
+            python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 -o $M/dense-f16.gguf --imatrix $M/dense.imatrix
+        fi
+        if has moe; then
+            python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
+            python3 $S --model moe35b --layers "$MOE_LAYERS" --weights f16 -o $M/moe-f16.gguf --imatrix $M/moe.imatrix
+        fi
         ls -la $M
         [ "$step" = models ] && bash "$0" q4km ;;
     q4km)
-        for m in dense moe; do
+        for m in $MODELS; do
             $B/llama-quantize $M/$m-f16.gguf $M/$m-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-$m-q4km.log" 2>&1
             tail -n 2 "$out/quantize-$m-q4km.log"
         done ;;
     iq2)
-        for m in dense moe; do
+        for m in $MODELS; do
             $B/llama-quantize --imatrix $M/$m.imatrix $M/$m-f16.gguf $M/$m-iq2xxs.gguf IQ2_XXS "$(nproc)" > "$out/quantize-$m-iq2.log" 2>&1
             tail -n 2 "$out/quantize-$m-iq2.log"
             rm -f $M/$m-f16.gguf   # the twin is only the quantizer's input (disk is 64 GiB)
         done ;;
     bench)
-        for f in $M/dense-escha.gguf $M/dense-q4km.gguf $M/dense-iq2xxs.gguf $M/moe-escha.gguf $M/moe-q4km.gguf $M/moe-iq2xxs.gguf; do
-            [ -f "$f" ] || { echo "missing $f"; continue; }
-            $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
+        for m in $MODELS; do
+            for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+                [ -f "$f" ] || { echo "missing $f"; continue; }
+                $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
+            done
         done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
