@@ -4,8 +4,10 @@
 // stream, with no host synchronisation (CUDA graphs stay valid):
 //   1. escha_xh_kernel:  xh = f16(H128(x * rin_eff) * RS)      (per row),
 //                        and mid = 0
-//   2. escha_mm_kernel:  mid += xh @ W, W decoded in registers and never
-//                        stored; split over IC, summed with f32 atomics
+//   2. mid += xh @ W, W decoded in registers and never stored; split over
+//      IC, summed with f32 atomics: escha_gemv_kernel up to 16 rows per
+//      weight (token generation), escha_mm_kernel above (prefill) and on
+//      the SIMT path
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
@@ -13,10 +15,11 @@
 //
 // Tile order: lane L of a 32-lane warp owns trellis values 8L..8L+7 of a
 // tile, which sit exactly where mma.m16n8k16's B fragment wants them (rows
-// 2(L%4)+{0,1,8,9}, column L/4 and L/4+8). So on NVIDIA (sm_80+) each lane
-// decodes straight into two B fragments and the tensor cores do the dot
-// product, leaving the integer pipe to the decode. Elsewhere (HIP, older
-// NVIDIA) the same lane layout feeds a SIMT dot product.
+// 2(L%4)+{0,1,8,9}, column L/4 and L/4+8), and, read transposed, where its
+// A fragment wants them. So on NVIDIA (sm_80+) each lane decodes straight
+// into operand registers and the tensor cores do the dot product, leaving
+// the integer pipe to the decode. Elsewhere (HIP, older NVIDIA) the same
+// lane layout feeds a SIMT dot product.
 //
 // Warps here are logical 32-lane groups (threadIdx.x / 32): on a 64-wide
 // wavefront (CDNA) two of them share a wavefront, and every shuffle stays
