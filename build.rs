@@ -18,6 +18,7 @@
 fn main() {
     build_c_reference();
     println!("cargo:rustc-check-cfg=cfg(escha_metal_shim)");
+    println!("cargo:rustc-check-cfg=cfg(escha_cuda_shim)");
     #[cfg(feature = "ggml")]
     ggml::build();
 }
@@ -283,15 +284,55 @@ mod ggml {
                 write_if_changed(&tree.join("ggml/src/ggml-cuda").join(&name), &std::fs::read(&path).unwrap());
             }
         }
-        inject_metal(&tree);
+        // The shim tests' executors run GPU threads as fibers (glibc's
+        // ucontext and _setjmp/_longjmp).
+        let shims = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux");
+        if shims {
+            build_shim_fibers();
+            build_cuda_shim();
+        }
+        inject_metal(&tree, shims);
         tree
+    }
+
+    /// The CUDA/HIP kernels (`hip/escha-kernels.cuh`) compiled as C++
+    /// through the shim header and run on the CPU by the executor
+    /// (`tests/cuda_shim.rs`): the kernel logic is tested without a GPU.
+    fn build_cuda_shim() {
+        for f in ["hip/escha-kernels.cuh", "hip/shim/cuda-shim.h", "hip/shim/cuda-executor.cpp"] {
+            println!("cargo:rerun-if-changed={}", manifest_dir().join(f).display());
+        }
+        cc::Build::new()
+            .cpp(true)
+            .file(manifest_dir().join("hip/shim/cuda-executor.cpp"))
+            .include(manifest_dir().join("tests/shim"))
+            .std("c++17")
+            // __fmul_rn keeps nvcc from fusing; nothing may fuse here either.
+            .flag_if_supported("-ffp-contract=off")
+            .flag_if_supported("-Wno-unknown-pragmas")
+            .warnings(true)
+            .compile("escha_cuda_shim");
+        println!("cargo:rustc-cfg=escha_cuda_shim");
+    }
+
+    /// The fiber runtime both shim executors run GPU threads on.
+    fn build_shim_fibers() {
+        for f in ["tests/shim/fibers.h", "tests/shim/fibers.cpp"] {
+            println!("cargo:rerun-if-changed={}", manifest_dir().join(f).display());
+        }
+        cc::Build::new()
+            .cpp(true)
+            .file(manifest_dir().join("tests/shim/fibers.cpp"))
+            .std("c++17")
+            .warnings(true)
+            .compile("escha_shim_fibers");
     }
 
     /// The Metal kernels and their ggml-metal glue (`metal/`), where patch
     /// 0007 expects them. ggml-metal compiles each kernel source on its own,
     /// without include paths, so the shared args header is inlined into
     /// `kernels/escha.metal` in place of its `#include` line.
-    fn inject_metal(tree: &Path) {
+    fn inject_metal(tree: &Path, shim: bool) {
         let metal = manifest_dir().join("metal");
         let dst = tree.join("ggml/src/ggml-metal");
         let read = |name: &str| {
@@ -310,8 +351,7 @@ mod ggml {
         write_if_changed(&dst.join("kernels/escha.metal"), kernels.replace(include, &read("escha-metal-args.h")).as_bytes());
         if !cfg!(feature = "metal") {
             check_metal_host_sources(&dst);
-            // The executor's fibers use glibc's ucontext and _setjmp/_longjmp.
-            if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+            if shim {
                 build_metal_shim(&dst);
             }
         }
@@ -334,6 +374,7 @@ mod ggml {
             .include(ggml_metal)
             .include(ggml_metal.join(".."))
             .include(ggml_metal.join("../../include"))
+            .include(manifest_dir().join("tests/shim"))
             .std("c++17")
             // Metal's `fp contract(off)` in escha.metal, mirrored.
             .flag_if_supported("-ffp-contract=off")

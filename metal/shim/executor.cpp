@@ -2,7 +2,7 @@
 // C++ through metal-shim.h) on the CPU, so the kernels execute for real on
 // Linux.
 //
-// Every thread of a threadgroup is a fiber with its own stack; the fibers of
+// Every thread of a threadgroup is a fiber (tests/shim/fibers.h); the fibers of
 // one threadgroup take turns on one OS thread and switch only where a kernel
 // waits for others (simd_shuffle_xor, simdgroup_barrier, threadgroup_barrier).
 // A barrier is passed only once every thread it covers (the lanes of the
@@ -15,16 +15,13 @@
 // The C entry points at the end run one escha op through the same plan
 // (escha-metal-plan.h) that ggml-metal encodes, for tests/metal_shim.rs.
 
-#undef _FORTIFY_SOURCE // __longjmp_chk refuses jumps between fiber stacks
-#include <setjmp.h>
-#include <ucontext.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "fibers.h"
 #include "metal-shim.h"
 #include "../escha-metal-plan.h"
 #include "../escha.metal"
@@ -93,25 +90,9 @@ uint16_t f32_to_f16(float f) {
     return (uint16_t) (sign | h);
 }
 
-// ---- fibers ------------------------------------------------------------------
+// ---- threads of a threadgroup: fibers (tests/shim/fibers.h) ----------------------
 
 namespace {
-
-const size_t kStack = 256 * 1024;
-
-struct Barrier {
-    int count = 0;
-    unsigned gen = 0;
-};
-
-struct Fiber {
-    ucontext_t uc;
-    jmp_buf jb;
-    int sg = 0;
-    ushort lane = 0;
-    bool started = false;
-    bool done = false;
-};
 
 // What a thread of the current dispatch runs.
 struct ThreadCtx {
@@ -121,133 +102,41 @@ struct ThreadCtx {
 };
 typedef void (*body_fn)(const void * launch, const ThreadCtx & t);
 
+// One threadgroup of a dispatch.
 struct Group {
-    std::vector<Fiber> fibers;
-    std::vector<std::vector<unsigned char>> stacks;
-    std::vector<Barrier> simd_bar;
-    std::vector<int> simd_lanes;
-    Barrier tg_bar;
-    std::vector<unsigned char> slots;
     std::vector<float> shm;
     body_fn body = nullptr;
     const void * launch = nullptr;
     uint3 tgpig{}, tgpg{};
-    unsigned long progress = 0;
 };
 
-thread_local Group * g_group = nullptr;
-thread_local Fiber * g_cur = nullptr;
-thread_local jmp_buf g_sched;
-
-void yield_to_scheduler() {
-    if (!_setjmp(g_cur->jb)) {
-        _longjmp(g_sched, 1);
-    }
-}
-
-void wait_all(Barrier & b, int n) {
-    g_group->progress++;
-    const unsigned gen = b.gen;
-    if (++b.count == n) {
-        b.count = 0;
-        b.gen++;
-        return;
-    }
-    while (b.gen == gen) {
-        yield_to_scheduler();
-    }
-}
-
-void fiber_main() {
-    Fiber * f = g_cur;
+void run_thread(void * ctx, int index) { // (`thread` is a Metal qualifier here)
+    Group & g = *(Group *) ctx;
     ThreadCtx t;
-    t.tgpig = g_group->tgpig;
-    t.tgpg = g_group->tgpg;
-    t.lane = f->lane;
-    t.sg = (ushort) f->sg;
-    t.shm = g_group->shm.data();
-    g_group->body(g_group->launch, t);
-    f->done = true;
-    g_group->progress++;
-    _longjmp(g_sched, 1);
-}
-
-// Runs one threadgroup of `nthreads` threads (simdgroups of 32) to completion.
-void run_group(Group & g, int nthreads) {
-    const int nsg = (nthreads + 31) / 32;
-    g.fibers.assign(nthreads, Fiber());
-    if ((int) g.stacks.size() < nthreads) {
-        g.stacks.resize(nthreads);
-    }
-    g.simd_bar.assign(nsg, Barrier());
-    g.simd_lanes.assign(nsg, 32);
-    if (nthreads % 32) {
-        g.simd_lanes[nsg - 1] = nthreads % 32;
-    }
-    g.tg_bar = Barrier();
-    g.slots.assign((size_t) nsg * 32 * 16, 0);
-    for (int i = 0; i < nthreads; i++) {
-        Fiber & f = g.fibers[i];
-        f.sg = i / 32;
-        f.lane = (ushort) (i % 32);
-        if (g.stacks[i].size() < kStack) {
-            g.stacks[i].resize(kStack);
-        }
-        getcontext(&f.uc);
-        f.uc.uc_stack.ss_sp = g.stacks[i].data();
-        f.uc.uc_stack.ss_size = kStack;
-        f.uc.uc_link = nullptr;
-        makecontext(&f.uc, fiber_main, 0);
-    }
-    g_group = &g;
-    // volatile: live across _setjmp/_longjmp
-    volatile int remaining = nthreads;
-    while (remaining > 0) {
-        const unsigned long before = g.progress;
-        for (volatile int i = 0; i < nthreads; i++) {
-            Fiber & f = g.fibers[i];
-            if (f.done) {
-                continue;
-            }
-            g_cur = &f;
-            if (!_setjmp(g_sched)) {
-                if (!f.started) {
-                    f.started = true;
-                    setcontext(&f.uc);
-                } else {
-                    _longjmp(f.jb, 1);
-                }
-            }
-            if (f.done) {
-                remaining--;
-            }
-        }
-        if (remaining > 0 && g.progress == before) {
-            fprintf(stderr, "escha metal shim: deadlock in threadgroup (%u, %u, %u): threads wait at barriers "
-                            "that not all of their simdgroup/threadgroup reach\n", g.tgpig.x, g.tgpig.y, g.tgpig.z);
-            abort();
-        }
-    }
-    g_group = nullptr;
-    g_cur = nullptr;
+    t.tgpig = g.tgpig;
+    t.tgpg = g.tgpg;
+    t.lane = (ushort) (index % 32);
+    t.sg = (ushort) (index / 32);
+    t.shm = g.shm.data();
+    g.body(g.launch, t);
 }
 
 } // namespace
 
 unsigned char * simd_slots() {
-    return g_group->slots.data() + (size_t) g_cur->sg * 32 * 16;
+    return escha_fibers::warp_slots();
 }
 
 ushort simd_lane() {
-    return g_cur->lane;
+    return (ushort) escha_fibers::lane();
 }
 
 void simd_sync() {
-    wait_all(g_group->simd_bar[g_cur->sg], g_group->simd_lanes[g_cur->sg]);
+    escha_fibers::warp_sync();
 }
 
 void threadgroup_sync() {
-    wait_all(g_group->tg_bar, (int) g_group->fibers.size());
+    escha_fibers::group_sync();
 }
 
 // ---- dispatch of the escha kernels ---------------------------------------------
@@ -355,7 +244,7 @@ body_fn find_kernel(const char * name) {
 
 // Runs one dispatch: every threadgroup of the grid, one after another.
 void dispatch(const escha_metal_dispatch & d, const Launch & L) {
-    static thread_local Group g; // keeps its fiber stacks from one dispatch to the next
+    Group g;
     g.body = find_kernel(d.name);
     g.launch = &L;
     g.tgpg = uint3{(uint) d.tg[0], (uint) d.tg[1], (uint) d.tg[2]};
@@ -366,7 +255,9 @@ void dispatch(const escha_metal_dispatch & d, const Launch & L) {
                 // Uninitialised threadgroup memory reads as NaN.
                 g.shm.assign((d.smem + sizeof(float) - 1) / sizeof(float) + 1, NAN);
                 g.tgpig = uint3{(uint) x, (uint) y, (uint) z};
-                run_group(g, nthreads);
+                char what[128];
+                snprintf(what, sizeof what, "threadgroup (%d, %d, %d) of %s", x, y, z, d.name);
+                escha_fibers::run_group(nthreads, run_thread, &g, what);
             }
         }
     }

@@ -10,6 +10,7 @@ use half::f16;
 pub use escha_ggml::testutil::RandomLinear as Problem;
 
 pub mod cli;
+pub mod shim;
 
 /// The unnormalised 128-point Hadamard on each 128-block, in f64.
 pub fn h128_f64(v: &mut [f64]) {

@@ -1,0 +1,651 @@
+// Escha-W2 CUDA/HIP kernels (escha-ggml): the device side of escha.cu,
+// without ggml's headers, so that the same source also compiles as C++
+// through hip/shim/cuda-shim.h and runs on the CPU (tests/cuda_shim.rs).
+// Expects GGML_UNUSED, NO_DEVICE_CODE and GGML_CUDA_CC_AMPERE from the
+// includer (ggml-cuda's common.cuh, or the shim). See escha.cu for the
+// three stages and the tile order.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+#define ESCHA_HAVE_MMA 1
+#endif
+
+static constexpr float ESCHA_RS_F   = 0.088388347648f; // f32(1/sqrt(128)), bits 0x3DB504F3
+static constexpr int   ESCHA_LANES  = 32;              // logical warp width
+static constexpr int   ESCHA_WARPS  = 4;               // logical warps per block
+static constexpr int   ESCHA_THREADS = ESCHA_LANES * ESCHA_WARPS;
+
+// ---- row addressing ------------------------------------------------------
+
+// Op row r (dense: the flattened rows of x; MoE: slot t*n_used + u) -> its
+// input row and its expert.
+struct escha_rows {
+    const char    * x;
+    int64_t         nb1, nb2, nb3;
+    int64_t         ne1, ne2;  // dense: x->ne[1], x->ne[2]; MoE: n_used, T
+    int64_t         nx1;       // rows of x per outer index: dense ne1, MoE NX
+    const int32_t * ids;       // MoE ids (nullptr: dense, expert 0)
+    int64_t         si1;       // ids row stride in elements
+
+    __device__ __forceinline__ const float * row(int64_t r, int & e) const {
+        const int64_t i1   = r % ne1;
+        const int64_t rest = r / ne1;
+        const int64_t i2   = rest % ne2;
+        const int64_t i3   = rest / ne2;
+        e = ids ? ids[rest * si1 + i1] : 0;
+        return (const float *) (x + (i1 % nx1) * nb1 + i2 * nb2 + i3 * nb3);
+    }
+};
+
+// Per-channel operands; an expert stride of 0 shares one vector.
+struct escha_vecs {
+    const half  * rin;   int64_t rin_es;
+    const half  * rout;  int64_t rout_es;
+    const float * s_in;  int64_t s_in_es;
+    const float * s_out; int64_t s_out_es;
+    const float * bias;  int64_t bias_es;
+};
+
+// ---- Hadamard-128 ----------------------------------------------------------
+
+// Unnormalised Sylvester H128 on one 128-block held 4 values per lane
+// (lane l holds elements 4l..4l+3), stages h = 1, 2, ..., 64 in order, each
+// pair (a, c) -> (a + c, a - c) as in the contract.
+static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lane) {
+    float a, c;
+    a = v[0]; c = v[1]; v[0] = a + c; v[1] = a - c;
+    a = v[2]; c = v[3]; v[2] = a + c; v[3] = a - c;
+    a = v[0]; c = v[2]; v[0] = a + c; v[2] = a - c;
+    a = v[1]; c = v[3]; v[1] = a + c; v[3] = a - c;
+#pragma unroll
+    for (int m = 1; m < ESCHA_LANES; m *= 2) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float p = __shfl_xor_sync(0xFFFFFFFF, v[q], m, ESCHA_LANES);
+            v[q] = (lane & m) ? p - v[q] : v[q] + p;
+        }
+    }
+}
+
+// xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
+// 128-block each; grid (ceil(IC/512), rows).
+// The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
+// next kernel, which saves a memset node per op.
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
+        const escha_rows rows, const escha_vecs v, half * __restrict__ xh, const int64_t n_rows, const int IC,
+        float4 * __restrict__ mid, const int64_t n_mid4) {
+    const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
+    for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
+        mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    if (blk * 128 >= IC) {
+        return;
+    }
+    const int i0 = blk * 128 + lane * 4;
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        const float * x = rows.row(r, e);
+        float u[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float re = __half2float(v.rin[e * v.rin_es + i0 + q]);
+            if (v.s_in) {
+                re = __fmul_rn(re, v.s_in[e * v.s_in_es + i0 + q]);
+            }
+            u[q] = __fmul_rn(x[i0 + q], re); // __fmul_rn: never fused into the adds below
+        }
+        escha_h128_lane(u, lane);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));
+        }
+    }
+}
+
+// dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded again), as
+// f32. rout == 0 gives an exact (signed) zero: a prune mask.
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
+        const escha_rows rows, const escha_vecs v, const float * __restrict__ mid, float * __restrict__ dst,
+        const int64_t n_rows, const int OC) {
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    if (blk * 128 >= OC) {
+        return;
+    }
+    const int o0 = blk * 128 + lane * 4;
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        rows.row(r, e);
+        float m[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            m[q] = mid[r * OC + o0 + q];
+        }
+        escha_h128_lane(m, lane);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float ro = __half2float(v.rout[e * v.rout_es + o0 + q]);
+            if (v.s_out) {
+                ro = __fmul_rn(ro, v.s_out[e * v.s_out_es + o0 + q]);
+            }
+            half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));
+            if (v.bias) {
+                y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
+            }
+            dst[r * OC + o0 + q] = __half2float(y);
+        }
+    }
+}
+
+// ---- tile decode -----------------------------------------------------------
+
+// Where lane L's 8 states lie in a tile of 8K words: starting bit p0 of
+// value 8L's state ((8L+1)K - 16 mod 256K), as the index of its word and
+// the bit offset in it, and the word offsets of the next two words (the
+// tile is a ring). Tile-independent: computed once per lane.
+template <int K>
+struct escha_lane_bits {
+    int w0, d1, d2, off;
+    __device__ __forceinline__ explicit escha_lane_bits(const int lane) {
+        constexpr int NB = 256 * K;
+        constexpr int W  = 8 * K;
+        const int p0 = ((8 * lane + 1) * K - 16 + NB) % NB;
+        w0  = p0 / 32;
+        off = p0 % 32;
+        d1  = (w0 + 1) % W;
+        d2  = (w0 + 2) % W;
+    }
+};
+
+// The words of one tile that hold lane L's 7K+16 state bits: two for K=2
+// (30 bits never span three words), three for K=3.
+template <int K>
+struct escha_lane_words {
+    uint32_t t[K == 2 ? 2 : 3];
+    __device__ __forceinline__ void load(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb) {
+        t[0] = __ldg(tile + lb.w0);
+        t[1] = __ldg(tile + lb.d1);
+        if constexpr (K == 3) {
+            t[2] = __ldg(tile + lb.d2);
+        }
+    }
+};
+
+// Decode constants as kernel parameters (escha_consts_fill sets them), so
+// that nvcc cannot fold them into instruction forms that load the integer
+// ALU pipe, the one the decode saturates:
+// - cutting a state out of the window is a left and a right shift; as a
+//   multiply by m[i] = 1 << i (an IMAD reading the constant bank) the left
+//   shift runs on the FMA pipe instead;
+// - (p & mask) ^ xr is one LOP3 only if one operand is a register: with
+//   two immediates nvcc emits two.
+struct escha_consts {
+    uint32_t m[32];
+    uint32_t mask, xr;
+};
+
+static void escha_consts_fill(escha_consts & c) {
+    for (int i = 0; i < 32; i++) {
+        c.m[i] = 1u << i;
+    }
+    c.mask = 0x8FFF8FFFu;
+    c.xr   = 0x3B603B60u;
+}
+
+// Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
+// fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
+// b[3] = {6,7}. The lane's state bits are aligned once into a 32-bit
+// window (one funnel shift by the lane's offset; K=3 takes a second window
+// 16 bits on for its last two states), so that every state is then cut out
+// at a compile-time position: (window << jK) >> 16. Codebook:
+// r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
+// value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16: one HADD2 of
+// r's two halves (operand swizzles), and the two values of a half2 then
+// joined by one byte permute.
+// REG_LOP: mask and xr from the parameters (one LOP3, and a register);
+// the prefill kernel, short of registers and not bound by the decode,
+// keeps them immediates.
+template <int K, bool REG_LOP = true>
+static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
+                                                         uint32_t b[4]) {
+#ifdef GGML_USE_HIP
+    // AMD: 32-bit multiplies are slow and a 3-input logic op takes any
+    // constants, so plain shifts and immediates.
+    GGML_UNUSED(c);
+    auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };
+    constexpr uint32_t mask = 0x8FFF8FFFu, xr = 0x3B603B60u;
+#else
+    auto cut = [&c](const uint32_t w, const int sh) -> uint32_t { return (w * c.m[sh]) >> 16; };
+    const uint32_t mask = REG_LOP ? c.mask : 0x8FFF8FFFu;
+    const uint32_t xr   = REG_LOP ? c.xr   : 0x3B603B60u;
+#endif
+    const uint32_t hi = __funnelshift_l(lw.t[1], lw.t[0], off); // window bits [0, 32)
+    uint32_t w2 = 0;
+    if constexpr (K == 3) {
+        const uint32_t lo = __funnelshift_l(lw.t[2], lw.t[1], off); // window bits [32, 64)
+        w2 = __funnelshift_l(lo, hi, 16);                           // window bits [16, 48)
+    }
+    uint32_t r[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int sh = j * K; // value j's state: window bits [sh, sh + 16)
+        const uint32_t s = sh == 0 ? hi >> 16 : (sh + 16 <= 32 ? cut(hi, sh) : cut(w2, sh - 16));
+        r[j] = ((s * 0xCBAC1FEDu) & mask) ^ xr;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        half2 ha, hb;
+        memcpy(&ha, &r[2 * q], 4);
+        memcpy(&hb, &r[2 * q + 1], 4);
+        const half2 ta = __hadd2(__low2half2(ha), __high2half2(ha)); // both halves: value 2q
+        const half2 tb = __hadd2(__low2half2(hb), __high2half2(hb)); // both halves: value 2q + 1
+        uint32_t ua, ub;
+        memcpy(&ua, &ta, 4);
+        memcpy(&ub, &tb, 4);
+        b[q] = __byte_perm(ua, ub, 0x7610);
+    }
+}
+
+template <int K, bool REG_LOP = true>
+static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb,
+                                                         const escha_consts & c, uint32_t b[4]) {
+    escha_lane_words<K> lw;
+    lw.load(tile, lb);
+    escha_decode_lane<K, REG_LOP>(lw, lb.off, c, b);
+}
+
+// ---- the decode-and-multiply kernel -----------------------------------------
+
+struct escha_mm_args {
+    const uint32_t * code;     // the code tensor as 32-bit words
+    int64_t          code_es;  // words per expert
+    const half     * xh;       // [n_rows][IC]
+    float          * mid;      // [n_rows][OC], zeroed, summed atomically
+    int              KT, NT, IC, OC;
+    int64_t          n_rows;
+    int              kt_chunk; // tile rows per split (gridDim.y splits)
+    int              n_x;      // blocks along the output tiles
+    int              mode;     // 0 dense, 1 one slot per group, 2 grouped by expert
+    const int32_t  * ids;      // mode 1: ids, slot r -> expert ids[(r / n_used) * si1 + r % n_used]
+    int              n_used;
+    int64_t          si1;
+    const int32_t  * sorted;   // mode 2: slots sorted by expert
+    const int32_t  * bounds;   // mode 2: [E + 1]
+    int              mblocks;  // mode 2: row blocks per expert
+    escha_consts     dc;       // decode constants, set by escha_launch
+};
+
+#if defined(ESCHA_HAVE_MMA) && defined(ESCHA_CUDA_SHIM)
+static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4], const uint32_t b0, const uint32_t b1) {
+    escha_shim_mma_m16n8k16(c, a, b0, b1); // the warp-collective mma, emulated (hip/shim)
+}
+#elif defined(ESCHA_HAVE_MMA)
+static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4], const uint32_t b0, const uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// The rows one block works on: group z is a row block of a dense op, one
+// MoE slot (mode 1) or a row block of one expert's slots (mode 2).
+struct escha_group {
+    int64_t         e = 0, first = 0, count = 0;
+    const int32_t * list = nullptr;
+
+    escha_group() = default;
+    __device__ __forceinline__ escha_group(const escha_mm_args & a, const int z, const int rows) {
+        if (a.mode == 0) {
+            first = (int64_t) z * rows;
+            count = min((int64_t) rows, a.n_rows - first);
+        } else if (a.mode == 1) {
+            first = z;
+            count = 1;
+            e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+        } else {
+            e = z / a.mblocks;
+            const int32_t lo = a.bounds[e] + (z % a.mblocks) * rows;
+            count = min(rows, a.bounds[e + 1] - lo);
+            first = lo;
+            list  = a.sorted;
+        }
+    }
+    // Op row of the group's i-th row; -1 past its end (padding rows).
+    __device__ __forceinline__ int64_t row(const int i) const {
+        return i < count ? (list ? (int64_t) list[first + i] : first + i) : -1;
+    }
+};
+
+// What one warp of a multiply block works on: NTW tile columns from nt0,
+// the tile rows [kt_begin, kt_end) of its IC split, the rows of group g
+// (block x = output block + n_x * group). init() is false for a warp with
+// nothing to do (past the output edge, an empty split or group).
+// code: the group's expert at tile (0, nt0); kq: the lane's k pair (and
+// +8) in a tile.
+struct escha_warp_work {
+    int              lane, nt0, kt_begin, kt_end, kq;
+    escha_group      g;
+    const uint32_t * code;
+    int64_t          kt_stride; // words from one tile row to the next
+
+    __device__ __forceinline__ bool init(const escha_mm_args & a, const int ntw, const int rows, const int words_per_tile) {
+        lane = threadIdx.x % ESCHA_LANES;
+        nt0  = ((blockIdx.x % a.n_x) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
+        if (nt0 >= a.NT) {
+            return false;
+        }
+        kt_begin = blockIdx.y * a.kt_chunk;
+        kt_end   = min(a.KT, kt_begin + a.kt_chunk);
+        if (kt_begin >= kt_end) {
+            return false;
+        }
+        g         = escha_group(a, blockIdx.x / a.n_x, rows);
+        code      = a.code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
+        kt_stride = (int64_t) a.NT * words_per_tile;
+        kq        = (lane % 4) * 2;
+        return g.count > 0;
+    }
+};
+
+// Block: 4 logical warps; warp w of block x takes NTW consecutive tile
+// columns, a range of kt_chunk tile rows (blockIdx.y), and up to MT*16 rows
+// of its group. On the mma path the decoded tile is the B operand (k x n =
+// input x output), so every decoded tile serves MT*16 rows: the prefill
+// kernel. Without mma (HIP, pre-Ampere) MT is 1 and it serves all batches.
+template <int K, int NTW, int MT, bool MMA>
+static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm_kernel(const escha_mm_args a) {
+    constexpr int W    = 8 * K;   // 32-bit words per tile
+    constexpr int ROWS = MT * 16;
+    escha_warp_work work;
+    if (!work.init(a, NTW, ROWS, W)) {
+        return;
+    }
+    const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
+    const escha_group & g = work.g;
+    const uint32_t * code = work.code;
+    const int64_t kt_stride = work.kt_stride;
+    const escha_lane_bits<K> lb(lane);
+
+#ifdef ESCHA_HAVE_MMA
+    if constexpr (MMA) {
+        float acc[MT][NTW][8];
+        int64_t rlo[MT], rhi[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            rlo[mt] = g.row(mt * 16 + lane / 4);
+            rhi[mt] = g.row(mt * 16 + lane / 4 + 8);
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[mt][w][i] = 0.0f;
+                }
+            }
+        }
+        for (int kt = kt_begin; kt < kt_end; kt++) {
+            uint32_t A[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int64_t c0 = (int64_t) kt * 16 + kq;
+                A[mt][0] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0)     : 0u;
+                A[mt][2] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0 + 8) : 0u;
+                A[mt][1] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0)     : 0u;
+                A[mt][3] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0 + 8) : 0u;
+            }
+            const uint32_t * tiles = code + kt * kt_stride;
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                uint32_t b[4];
+                escha_decode_lane<K, false>(tiles + w * W, lb, a.dc, b);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    escha_mma(acc[mt][w] + 0, A[mt], b[0], b[1]);
+                    escha_mma(acc[mt][w] + 4, A[mt], b[2], b[3]);
+                }
+            }
+        }
+        // C fragment: c0,c1 at (row lane/4, cols kq, kq+1), c2,c3 at row + 8.
+        // Without an IC split each output has one writer: plain stores.
+        const bool split = gridDim.y > 1;
+        auto put = [&](float * p, const float val) {
+            if (split) {
+                atomicAdd(p, val);
+            } else {
+                *p = val;
+            }
+        };
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+#pragma unroll
+                for (int nb = 0; nb < 2; nb++) {
+                    const int col = (nt0 + w) * 16 + nb * 8 + kq;
+                    if (rlo[mt] >= 0) {
+                        put(a.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
+                        put(a.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
+                    }
+                    if (rhi[mt] >= 0) {
+                        put(a.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
+                        put(a.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+#endif // ESCHA_HAVE_MMA
+
+    // SIMT: each lane sums its 4 k values per tile column into per-row
+    // partials; the 4 lanes sharing a column reduce once at the end.
+    static_assert(MMA || MT == 1, "the SIMT path takes 16 rows per block");
+    float acc[16][NTW][2];
+    int64_t rows16[16];
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        rows16[m] = g.row(m);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            acc[m][w][0] = 0.0f;
+            acc[m][w][1] = 0.0f;
+        }
+    }
+    for (int kt = kt_begin; kt < kt_end; kt++) {
+        const uint32_t * tiles = code + kt * kt_stride;
+        float wv[NTW][8];
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(tiles + w * W, lb, a.dc, b);
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                half2 h;
+                memcpy(&h, &b[p], 4);
+                const float2 f = __half22float2(h);
+                wv[w][2 * p]     = f.x;
+                wv[w][2 * p + 1] = f.y;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 16; m++) {
+            if (rows16[m] < 0) {
+                break;
+            }
+            const half * xr = a.xh + rows16[m] * a.IC + (int64_t) kt * 16 + kq;
+            half2 h01, h89;
+            memcpy(&h01, xr, 4);
+            memcpy(&h89, xr + 8, 4);
+            const float2 x01 = __half22float2(h01);
+            const float2 x89 = __half22float2(h89);
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                // wv[w][0..3]: rows kq, kq+1, kq+8, kq+9 of column lane/4; [4..7]: column lane/4 + 8
+                acc[m][w][0] += x01.x * wv[w][0] + x01.y * wv[w][1] + x89.x * wv[w][2] + x89.y * wv[w][3];
+                acc[m][w][1] += x01.x * wv[w][4] + x01.y * wv[w][5] + x89.x * wv[w][6] + x89.y * wv[w][7];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        if (rows16[m] < 0) {
+            break;
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float s = acc[m][w][c];
+                s += __shfl_xor_sync(0xFFFFFFFF, s, 1, ESCHA_LANES);
+                s += __shfl_xor_sync(0xFFFFFFFF, s, 2, ESCHA_LANES);
+                if (lane % 4 == 0) {
+                    atomicAdd(a.mid + rows16[m] * a.OC + (nt0 + w) * 16 + c * 8 + lane / 4, s);
+                }
+            }
+        }
+    }
+}
+
+#ifdef ESCHA_HAVE_MMA
+#define ESCHA_GEMV_MMA 1
+#endif
+
+// The token-generation kernel (mma path, up to NB*8 rows per group): the
+// decoded tile is the A operand (m x k = output x input), so one
+// m16n8k16 covers a whole 16x16 tile and the inputs are the B operand with
+// n = 8 rows. A lane's decoded words are then A's registers in the order
+// {b0, b2, b1, b3} (rows lane/4 and +8 are its two output columns, k pairs
+// kq and kq+8). Against the prefill kernel at batch 1 this halves the mma
+// count and the accumulators, and it software-pipelines the loads: the next
+// tile row's code words and inputs are in flight while this one decodes.
+template <int K, int NTW, int NB>
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
+#ifdef ESCHA_GEMV_MMA
+    constexpr int W    = 8 * K;
+    constexpr int ROWS = NB * 8;
+    escha_warp_work work;
+    if (!work.init(a, NTW, ROWS, W)) {
+        return;
+    }
+    const escha_lane_bits<K> lb(work.lane);
+    const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
+    const escha_group & g = work.g;
+
+    // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
+    // kq and kq + 8. A padding row reads row 0 instead: its products land in
+    // output columns that are never stored, and no load is predicated.
+    const half * xr[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        const int64_t r = g.row(nb * 8 + lane / 4);
+        xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+    }
+    // The lane's code words at tile row kt: q[i] + w * W for tile column
+    // nt0 + w (compile-time offsets from one pointer per word).
+    constexpr int NW = K == 2 ? 2 : 3;
+    const uint32_t * q[NW];
+    q[0] = work.code + kt_begin * work.kt_stride + lb.w0;
+    q[1] = work.code + kt_begin * work.kt_stride + lb.d1;
+    if constexpr (K == 3) {
+        q[2] = work.code + kt_begin * work.kt_stride + lb.d2;
+    }
+    auto load = [&](uint32_t (&X)[NB][2], escha_lane_words<K> (&cw)[NTW]) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            X[nb][0] = *(const uint32_t *) (xr[nb]);
+            X[nb][1] = *(const uint32_t *) (xr[nb] + 8);
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                cw[w].t[i] = __ldg(q[i] + w * W);
+            }
+        }
+    };
+
+    float acc[NTW][NB][4];
+#pragma unroll
+    for (int w = 0; w < NTW; w++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                acc[w][nb][i] = 0.0f;
+            }
+        }
+    }
+    uint32_t X[NB][2];
+    escha_lane_words<K> cw[NTW];
+    load(X, cw);
+    for (int kt = kt_begin; kt < kt_end; kt++) {
+        uint32_t Xc[NB][2];
+        escha_lane_words<K> cc[NTW];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            Xc[nb][0] = X[nb][0];
+            Xc[nb][1] = X[nb][1];
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            cc[w] = cw[w];
+        }
+        // Next tile row's loads (the last iteration reloads its own row:
+        // in bounds, and no branch).
+        if (kt + 1 < kt_end) {
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                xr[nb] += 16;
+            }
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                q[i] += work.kt_stride;
+            }
+        }
+        load(X, cw);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
+            }
+        }
+    }
+    // C fragment: c0,c1 at (output lane/4, rows kq, kq+1), c2,c3 at output + 8.
+    const bool split = gridDim.y > 1;
+    auto put = [&](const int64_t r, const int col, const float val) {
+        if (r < 0) {
+            return;
+        }
+        float * p = a.mid + r * a.OC + col;
+        if (split) {
+            atomicAdd(p, val);
+        } else {
+            *p = val;
+        }
+    };
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        const int64_t r0 = g.row(nb * 8 + kq);
+        const int64_t r1 = g.row(nb * 8 + kq + 1);
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            const int col = (nt0 + w) * 16 + lane / 4;
+            put(r0, col,     acc[w][nb][0]);
+            put(r1, col,     acc[w][nb][1]);
+            put(r0, col + 8, acc[w][nb][2]);
+            put(r1, col + 8, acc[w][nb][3]);
+        }
+    }
+#else
+    GGML_UNUSED(a);
+    NO_DEVICE_CODE;
+#endif // ESCHA_GEMV_MMA
+}

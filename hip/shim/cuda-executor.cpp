@@ -1,0 +1,343 @@
+// cuda-executor.cpp: runs the escha CUDA kernels (hip/escha-kernels.cuh,
+// compiled as C++ through cuda-shim.h) on the CPU, so the kernels that an
+// NVIDIA or AMD GPU runs execute for real in `cargo test`.
+//
+// Blocks of a grid run one after another; the threads of a block run as
+// fibers (tests/shim/fibers.h) and a warp's lock-step operations (shuffles,
+// mma) meet at a barrier of its 32 lanes, so each lane sees exactly what
+// the others contributed. Scratch buffers start as NaN, so a kernel that
+// reads what no stage wrote gives NaN instead of a lucky value.
+//
+// The C entry points at the end run one escha op stage by stage as escha.cu
+// launches it, with the kernel and the IC split chosen by the caller
+// (tests/cuda_shim.rs), since the host plan of escha.cu needs ggml-cuda.
+
+#include "cuda-shim.h"
+#include "../escha-kernels.cuh"
+
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+thread_local dim3 blockIdx, blockDim, gridDim; // per test thread
+
+namespace {
+
+void run_thread(void * ctx, int) {
+    (*(const std::function<void()> *) ctx)();
+}
+
+// Runs kernel() for every thread of grid x block.
+void launch(dim3 grid, unsigned threads, const std::function<void()> & kernel) {
+    gridDim  = grid;
+    blockDim = dim3(threads);
+    for (unsigned by = 0; by < grid.y; by++) {
+        for (unsigned bx = 0; bx < grid.x; bx++) {
+            blockIdx = dim3(bx, by);
+            char what[64];
+            snprintf(what, sizeof what, "block (%u, %u) of a %u x %u grid", bx, by, grid.x, grid.y);
+            escha_fibers::run_group((int) threads, run_thread, (void *) &kernel, what);
+        }
+    }
+}
+
+} // namespace
+
+// One OS thread runs every fiber: a plain add is atomic here.
+float atomicAdd(float * p, float v) {
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
+
+static float f16_bits_to_f32(uint32_t bits) {
+    half h;
+    h.bits = (uint16_t) bits;
+    return __half2float(h);
+}
+
+void escha_shim_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    static_assert(escha_fibers::kSlotBytes >= 6 * sizeof(uint32_t), "a lane's fragments fit its slot");
+    const int lane = escha_fibers::lane();
+    uint32_t (*frag)[escha_fibers::kSlotBytes / 4] = (uint32_t (*)[escha_fibers::kSlotBytes / 4]) escha_fibers::warp_slots();
+    for (int i = 0; i < 4; i++) {
+        frag[lane][i] = a[i];
+    }
+    frag[lane][4] = b0;
+    frag[lane][5] = b1;
+    escha_fibers::warp_sync();
+    // A (16x16, row-major): lane L = 4g + t holds A[g][2t..2t+1] (reg 0),
+    // A[g+8][2t..] (1), A[g][2t+8..] (2), A[g+8][2t+8..] (3), low half first.
+    // B (16x8): B[2t..2t+1][g] (b0), B[2t+8..2t+9][g] (b1).
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * t + h]         = f16_bits_to_f32(frag[l][0] >> (16 * h));
+            A[g + 8][2 * t + h]     = f16_bits_to_f32(frag[l][1] >> (16 * h));
+            A[g][2 * t + 8 + h]     = f16_bits_to_f32(frag[l][2] >> (16 * h));
+            A[g + 8][2 * t + 8 + h] = f16_bits_to_f32(frag[l][3] >> (16 * h));
+            B[2 * t + h][g]         = f16_bits_to_f32(frag[l][4] >> (16 * h));
+            B[2 * t + 8 + h][g]     = f16_bits_to_f32(frag[l][5] >> (16 * h));
+        }
+    }
+    escha_fibers::warp_sync(); // fragments read: the next mma may overwrite them
+    // C (16x8): c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..2t+1].
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float s = c[i];
+        for (int k = 0; k < 16; k++) {
+            s += A[row][k] * B[k][col]; // products of two halves are exact in f32
+        }
+        c[i] = s;
+    }
+}
+
+namespace {
+
+template <typename T>
+std::vector<T> nan_filled(size_t n) {
+    std::vector<T> v(n);
+    std::memset(v.data(), 0xFF, n * sizeof(T)); // NaN in f32 and f16
+    return v;
+}
+
+// Kernels of one multiply: path 0 token generation (escha_gemv_kernel),
+// 1 prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
+// runs it). rows_per_group: how many rows one weight serves (decides NB).
+struct Multiply {
+    void (*kernel)(escha_mm_args);
+    int rows;
+    int ntw;
+};
+
+template <int K>
+bool pick(int path, int64_t rows_per_group, Multiply & m) {
+    switch (path) {
+        case 0:
+            if (rows_per_group > 16) {
+                return false;
+            }
+            m = rows_per_group <= 8 ? Multiply{ escha_gemv_kernel<K, 4, 1>, 8, 4 } : Multiply{ escha_gemv_kernel<K, 4, 2>, 16, 4 };
+            return true;
+        case 1: m = Multiply{ escha_mm_kernel<K, 2, 4, true>, 64, 2 }; return true;
+        case 2: m = Multiply{ escha_mm_kernel<K, 2, 1, false>, 16, 2 }; return true;
+        default: return false;
+    }
+}
+
+// xh, multiply, out for n_rows op rows (mode set in a by the caller; groups
+// as escha.cu forms them: row blocks, one per slot, or row blocks of each of
+// n_expert experts).
+int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
+           int64_t rows_per_group, int64_t n_expert, int ksplit, float * y) {
+    Multiply m;
+    if (!(k == 2 ? pick<2>(path, rows_per_group, m) : pick<3>(path, rows_per_group, m))) {
+        return -1;
+    }
+    const int IC = a.IC, OC = a.OC;
+    auto xh  = nan_filled<half>((size_t) n_rows * IC);
+    auto mid = nan_filled<float>((size_t) n_rows * OC);
+    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
+        escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), n_rows * OC / 4);
+    });
+    a.xh  = xh.data();
+    a.mid = mid.data();
+    a.n_x = (a.NT + m.ntw * ESCHA_WARPS - 1) / (m.ntw * ESCHA_WARPS);
+    int64_t n_z;
+    if (a.mode == 0) {
+        n_z = (n_rows + m.rows - 1) / m.rows;
+    } else if (a.mode == 1) {
+        n_z = n_rows;
+    } else {
+        a.mblocks = (int) ((rows_per_group + m.rows - 1) / m.rows);
+        n_z       = n_expert * a.mblocks;
+    }
+    ksplit     = std::max(1, std::min(ksplit, a.KT));
+    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
+    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+    escha_consts_fill(a.dc);
+    launch(dim3((unsigned) (a.n_x * n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { m.kernel(a); });
+    launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
+        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
+    });
+    return 0;
+}
+
+bool shape_ok(int k, int64_t ic, int64_t oc) {
+    return (k == 2 || k == 3) && ic > 0 && oc > 0 && ic % 128 == 0 && oc % 128 == 0;
+}
+
+} // namespace
+
+extern "C" {
+
+// W (ic x oc, row-major, f16 bits) as the lanes decode it: lane L's words
+// b[0..3] placed where the kernels' fragment layout says they belong, rows
+// 2(L%4)+{0,1} / +{8,9} of columns L/4 and L/4+8 of each 16x16 tile.
+int escha_cuda_shim_decode(int k, int64_t ic, int64_t oc, const int16_t * code, uint16_t * w) {
+    if ((k != 2 && k != 3) || ic <= 0 || oc <= 0 || ic % 16 || oc % 16) {
+        return -1;
+    }
+    const int KT = (int) (ic / 16), NT = (int) (oc / 16), W = 8 * k;
+    escha_consts dc;
+    escha_consts_fill(dc);
+    launch(dim3(NT, KT), 32, [&] {
+        const int lane = threadIdx.x;
+        const uint32_t * tile = (const uint32_t *) code + ((int64_t) blockIdx.y * NT + blockIdx.x) * W;
+        uint32_t b[4];
+        if (k == 2) {
+            escha_decode_lane<2>(tile, escha_lane_bits<2>(lane), dc, b);
+        } else {
+            escha_decode_lane<3>(tile, escha_lane_bits<3>(lane), dc, b);
+        }
+        const int g = lane / 4, t = lane % 4;
+        for (int q = 0; q < 4; q++) {
+            const int row = 2 * t + 8 * (q % 2), col = g + 8 * (q / 2);
+            for (int h = 0; h < 2; h++) {
+                w[((int64_t) blockIdx.y * 16 + row + h) * oc + blockIdx.x * 16 + col] = (uint16_t) (b[q] >> (16 * h));
+            }
+        }
+    });
+    return 0;
+}
+
+// The input transform alone: xh[m][ic] (f16 bits) from x[m][ic].
+int escha_cuda_shim_xh(int64_t ic, const float * x, int64_t m, const uint16_t * rin, const float * s_in, uint16_t * xh) {
+    if (ic <= 0 || ic % 128 || m <= 0) {
+        return -1;
+    }
+    escha_rows rows = {};
+    rows.x   = (const char *) x;
+    rows.nb1 = ic * 4;
+    rows.nb2 = rows.nb3 = rows.nb1 * m;
+    rows.ne1 = rows.nx1 = m;
+    rows.ne2 = 1;
+    escha_vecs v = {};
+    v.rin  = (const half *) rin;
+    v.s_in = s_in;
+    launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
+        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0);
+    });
+    return 0;
+}
+
+// The output transform alone: y[m][oc] from mid[m][oc].
+int escha_cuda_shim_out(int64_t oc, const float * mid, int64_t m, const uint16_t * rout, const float * s_out, const float * bias,
+                        float * y) {
+    if (oc <= 0 || oc % 128 || m <= 0) {
+        return -1;
+    }
+    escha_rows rows = {};
+    rows.ne1 = rows.nx1 = m;
+    rows.ne2 = 1;
+    escha_vecs v = {};
+    v.rout  = (const half *) rout;
+    v.s_out = s_out;
+    v.bias  = bias;
+    launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
+        escha_out_kernel(rows, v, mid, y, m, (int) oc);
+    });
+    return 0;
+}
+
+// One dense op: y[m][oc] from x[m][ic] (contiguous), path as in Multiply,
+// IC split into ksplit parts (1: plain stores, more: f32 atomics).
+int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+                           const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
+                           const float * bias, float * y, int path, int ksplit) {
+    if (!shape_ok(k, ic, oc) || m <= 0) {
+        return -1;
+    }
+    escha_rows rows = {};
+    rows.x   = (const char *) x;
+    rows.nb1 = ic * 4;
+    rows.nb2 = rows.nb1 * m;
+    rows.nb3 = rows.nb2;
+    rows.ne1 = m;
+    rows.ne2 = 1;
+    rows.nx1 = m;
+    escha_vecs v = {};
+    v.rin   = (const half *) rin;
+    v.rout  = (const half *) rout;
+    v.s_in  = s_in;
+    v.s_out = s_out;
+    v.bias  = bias;
+    escha_mm_args a = {};
+    a.code   = (const uint32_t *) code;
+    a.KT     = (int) (ic / 16);
+    a.NT     = (int) (oc / 16);
+    a.IC     = (int) ic;
+    a.OC     = (int) oc;
+    a.n_rows = m;
+    a.mode   = 0;
+    return run_op(k, rows, v, m, a, path, m, 1, ksplit, y);
+}
+
+// One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used
+// used), y[n_tokens][n_used][oc]. grouped = 0: one block row per slot
+// (decode sizes); 1: slots grouped by expert (as ggml's mmid helper does
+// on the device, here on the host). path as in Multiply.
+int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
+                        const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
+                        const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,
+                        const float * bias, int64_t bias_rows, float * y, int grouped, int path, int ksplit) {
+    if (!shape_ok(k, ic, oc) || n_expert <= 0 || n_used <= 0 || n_tokens <= 0 || (nx != 1 && nx != n_used)) {
+        return -1;
+    }
+    const int64_t n_rows = n_used * n_tokens;
+    escha_rows rows = {};
+    rows.x   = (const char *) x;
+    rows.nb1 = ic * 4;
+    rows.nb2 = rows.nb1 * nx;
+    rows.nb3 = 0;
+    rows.ne1 = n_used;
+    rows.ne2 = n_tokens;
+    rows.nx1 = nx;
+    rows.ids = ids;
+    rows.si1 = ids_stride;
+    escha_vecs v = {};
+    v.rin   = (const half *) rin;   v.rin_es   = ic;
+    v.rout  = (const half *) rout;  v.rout_es  = oc;
+    v.s_in  = s_in;  v.s_in_es  = s_in_rows  > 1 ? ic : 0;
+    v.s_out = s_out; v.s_out_es = s_out_rows > 1 ? oc : 0;
+    v.bias  = bias;  v.bias_es  = bias_rows  > 1 ? oc : 0;
+    escha_mm_args a = {};
+    a.code    = (const uint32_t *) code;
+    a.code_es = (ic / 16) * (oc / 16) * 8 * k;
+    a.KT      = (int) (ic / 16);
+    a.NT      = (int) (oc / 16);
+    a.IC      = (int) ic;
+    a.OC      = (int) oc;
+    a.n_rows  = n_rows;
+    std::vector<int32_t> sorted, bounds;
+    if (!grouped) {
+        a.mode   = 1;
+        a.ids    = ids;
+        a.n_used = (int) n_used;
+        a.si1    = ids_stride;
+        return run_op(k, rows, v, n_rows, a, path, 1, n_expert, ksplit, y);
+    }
+    for (int64_t e = 0; e < n_expert; e++) {
+        bounds.push_back((int32_t) sorted.size());
+        for (int64_t t = 0; t < n_tokens; t++) {
+            for (int64_t u = 0; u < n_used; u++) {
+                if (ids[t * ids_stride + u] == e) {
+                    sorted.push_back((int32_t) (t * n_used + u));
+                }
+            }
+        }
+    }
+    bounds.push_back((int32_t) sorted.size());
+    if ((int64_t) sorted.size() != n_rows) {
+        return -2; // an id outside [0, n_expert)
+    }
+    a.mode   = 2;
+    a.sorted = sorted.data();
+    a.bounds = bounds.data();
+    return run_op(k, rows, v, n_rows, a, path, n_tokens, n_expert, ksplit, y);
+}
+
+} // extern "C"
