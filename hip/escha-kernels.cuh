@@ -29,6 +29,7 @@ struct escha_rows {
     int64_t         nx1;       // rows of x per outer index: dense ne1, MoE NX
     const int32_t * ids;       // MoE ids (nullptr: dense, expert 0)
     int64_t         si1;       // ids row stride in elements
+    int64_t         n_expert;  // MoE: ids outside [0, n_expert) are bad()
 
     __device__ __forceinline__ const float * row(int64_t r, int & e) const {
         const int64_t i1   = r % ne1;
@@ -37,6 +38,12 @@ struct escha_rows {
         const int64_t i3   = rest / ne2;
         e = ids ? ids[rest * si1 + i1] : 0;
         return (const float *) (x + (i1 % nx1) * nb1 + i2 * nb2 + i3 * nb3);
+    }
+    // An expert id out of range. A GPU kernel cannot stop with an error, so
+    // nothing is read with it (the slot is computed as expert 0 and skipped
+    // by the multiply) and its output is NaN, never another expert's result.
+    __device__ __forceinline__ bool bad(const int e) const {
+        return ids && (e < 0 || e >= n_expert);
     }
 };
 
@@ -90,6 +97,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         int e;
         const float * x = rows.row(r, e);
+        e = rows.bad(e) ? 0 : e;
         float u[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -121,6 +129,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         int e;
         rows.row(r, e);
+        const bool bad = rows.bad(e);
+        e = bad ? 0 : e;
         float m[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -137,7 +147,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
             if (v.bias) {
                 y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
             }
-            dst[r * OC + o0 + q] = __half2float(y);
+            dst[r * OC + o0 + q] = bad ? __uint_as_float(0x7FC00000u) : __half2float(y);
         }
     }
 }
@@ -271,6 +281,7 @@ struct escha_mm_args {
     int              kt_chunk; // tile rows per split (gridDim.y splits)
     int              n_x;      // blocks along the output tiles
     int              mode;     // 0 dense, 1 one slot per group, 2 grouped by expert
+    int64_t          n_expert; // modes 1, 2
     const int32_t  * ids;      // mode 1: ids, slot r -> expert ids[(r / n_used) * si1 + r % n_used]
     int              n_used;
     int64_t          si1;
@@ -307,6 +318,10 @@ struct escha_group {
             first = z;
             count = 1;
             e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+            if (e < 0 || e >= a.n_expert) { // a bad id: no multiply (see escha_rows::bad)
+                e     = 0;
+                count = 0;
+            }
         } else {
             e = z / a.mblocks;
             const int32_t lo = a.bounds[e] + (z % a.mblocks) * rows;

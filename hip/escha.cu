@@ -147,6 +147,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
     a.IC      = IC;
     a.OC      = OC;
     a.n_rows  = n_rows;
+    a.n_expert = n_expert;
 
     // Rows per group: dense ops share one weight over all rows; an MoE op
     // at decode batch sizes runs each slot on its own (no grouping pass),
@@ -255,6 +256,7 @@ void ggml_cuda_op_escha_linear(ggml_backend_cuda_context & ctx, ggml_tensor * ds
     rows.nx1 = x->ne[1];
     rows.ids = nullptr;
     rows.si1 = 0;
+    rows.n_expert = 1;
     escha_forward(ctx, dst, rows, x->ne[1] * x->ne[2] * x->ne[3], escha_get_vecs(dst, 2), 1, 1);
 }
 
@@ -274,5 +276,6 @@ void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
     rows.nx1 = x->ne[1];
     rows.ids = (const int32_t *) ids->data;
     rows.si1 = ids->nb[1] / sizeof(int32_t);
+    rows.n_expert = code->ne[3];
     escha_forward(ctx, dst, rows, n_used * n_tokens, escha_get_vecs(dst, 3), code->ne[3], n_tokens);
 }

@@ -210,3 +210,33 @@ fn moe_matches_reference_on_every_kernel() {
     }
     summarize("moe", &all);
 }
+
+/// An expert id outside [0, E) cannot stop a GPU kernel: its slot must come
+/// out NaN (never another expert's result, nothing read out of bounds) and
+/// every other slot must still match the reference, on every kernel.
+#[test]
+fn moe_invalid_id_gives_nan() {
+    let d = MoeData::new(90, 2, 4, 128, 128, true, false);
+    for (t, grouped, path) in [(9, false, GEMV), (9, false, SIMT), (9, true, GEMV), (33, true, PREFILL), (17, true, SIMT)] {
+        let mut r = route(91, t, 2, 1, 4, 2);
+        r.ids[5] = 4; // token 2, slot 1: one past the last expert
+        r.ids[8] = -3; // token 4, slot 0
+        let x = Rng::new(92).f32s(r.t * d.ic, 0.0, 1.0);
+        let y = run_moe(&d, &x, &r, grouped, path, 2);
+        for (slot, out) in y.chunks(d.oc).enumerate() {
+            let bad = slot == 5 || slot == 8;
+            assert!(out.iter().all(|v| v.is_nan() == bad), "grouped={grouped} path={path}: slot {slot}");
+        }
+        // The good slots against the reference (routing with the bad slots
+        // pointed at expert 0; those two slots taken from a run of it).
+        let mut fixed = route(91, t, 2, 1, 4, 2);
+        fixed.ids[5] = 0;
+        fixed.ids[8] = 0;
+        let yf = run_moe(&d, &x, &fixed, grouped, path, 2);
+        let mut g = y.clone();
+        for s in [5, 8] {
+            g[s * d.oc..(s + 1) * d.oc].copy_from_slice(&yf[s * d.oc..(s + 1) * d.oc]);
+        }
+        check_moe(&format!("moe with bad ids, grouped={grouped} path={path}"), &d, &fixed, &x, &g);
+    }
+}

@@ -277,7 +277,8 @@ int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, 
 }
 
 // One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used
-// used), y[n_tokens][n_used][oc]. grouped = 0: one block row per slot
+// used), y[n_tokens][n_used][oc]; a slot whose id is outside [0, n_expert)
+// comes out NaN. grouped = 0: one block row per slot
 // (decode sizes); 1: slots grouped by expert (as ggml's mmid helper does
 // on the device, here on the host). path as in Multiply.
 int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
@@ -298,6 +299,7 @@ int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const i
     rows.nx1 = nx;
     rows.ids = ids;
     rows.si1 = ids_stride;
+    rows.n_expert = n_expert;
     escha_vecs v = {};
     v.rin   = (const half *) rin;   v.rin_es   = ic;
     v.rout  = (const half *) rout;  v.rout_es  = oc;
@@ -312,6 +314,7 @@ int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const i
     a.IC      = (int) ic;
     a.OC      = (int) oc;
     a.n_rows  = n_rows;
+    a.n_expert = n_expert;
     std::vector<int32_t> sorted, bounds;
     if (!grouped) {
         a.mode   = 1;
@@ -330,10 +333,7 @@ int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const i
             }
         }
     }
-    bounds.push_back((int32_t) sorted.size());
-    if ((int64_t) sorted.size() != n_rows) {
-        return -2; // an id outside [0, n_expert)
-    }
+    bounds.push_back((int32_t) sorted.size()); // (a slot with a bad id is in no expert's list, as with ggml's helper)
     a.mode   = 2;
     a.sorted = sorted.data();
     a.bounds = bounds.data();

@@ -102,6 +102,12 @@ static inline T __ldg(const T * p) {
     return *p;
 }
 
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
 static inline float __fmul_rn(float a, float b) {
     return a * b;
 }
