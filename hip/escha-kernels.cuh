@@ -20,6 +20,13 @@ static constexpr int   ESCHA_THREADS = ESCHA_LANES * ESCHA_WARPS;
 
 // ---- row addressing ------------------------------------------------------
 
+// An expert id out of range. A GPU kernel cannot stop with an error, so
+// nothing is read with it (the slot's transforms use expert 0, the multiply
+// skips it) and its output is NaN, never another expert's result.
+static __device__ __forceinline__ bool escha_bad_id(const int e, const int64_t n_expert) {
+    return e < 0 || e >= n_expert;
+}
+
 // Op row r (dense: the flattened rows of x; MoE: slot t*n_used + u) -> its
 // input row and its expert.
 struct escha_rows {
@@ -29,21 +36,18 @@ struct escha_rows {
     int64_t         nx1;       // rows of x per outer index: dense ne1, MoE NX
     const int32_t * ids;       // MoE ids (nullptr: dense, expert 0)
     int64_t         si1;       // ids row stride in elements
-    int64_t         n_expert;  // MoE: ids outside [0, n_expert) are bad()
+    int64_t         n_expert;  // MoE: the number of experts
 
-    __device__ __forceinline__ const float * row(int64_t r, int & e) const {
+    // e: the row's expert, 0 in place of a bad id (then bad is set).
+    __device__ __forceinline__ const float * row(int64_t r, int & e, bool & bad) const {
         const int64_t i1   = r % ne1;
         const int64_t rest = r / ne1;
         const int64_t i2   = rest % ne2;
         const int64_t i3   = rest / ne2;
-        e = ids ? ids[rest * si1 + i1] : 0;
+        e   = ids ? ids[rest * si1 + i1] : 0;
+        bad = ids && escha_bad_id(e, n_expert);
+        e   = bad ? 0 : e;
         return (const float *) (x + (i1 % nx1) * nb1 + i2 * nb2 + i3 * nb3);
-    }
-    // An expert id out of range. A GPU kernel cannot stop with an error, so
-    // nothing is read with it (the slot is computed as expert 0 and skipped
-    // by the multiply) and its output is NaN, never another expert's result.
-    __device__ __forceinline__ bool bad(const int e) const {
-        return ids && (e < 0 || e >= n_expert);
     }
 };
 
@@ -96,8 +100,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
     const int i0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         int e;
-        const float * x = rows.row(r, e);
-        e = rows.bad(e) ? 0 : e;
+        bool bad;
+        const float * x = rows.row(r, e, bad);
         float u[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -128,9 +132,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
     const int o0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         int e;
-        rows.row(r, e);
-        const bool bad = rows.bad(e);
-        e = bad ? 0 : e;
+        bool bad;
+        rows.row(r, e, bad);
         float m[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -318,7 +321,7 @@ struct escha_group {
             first = z;
             count = 1;
             e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
-            if (e < 0 || e >= a.n_expert) { // a bad id: no multiply (see escha_rows::bad)
+            if (escha_bad_id((int) e, a.n_expert)) { // no multiply
                 e     = 0;
                 count = 0;
             }

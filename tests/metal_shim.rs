@@ -9,10 +9,10 @@
 
 mod common;
 
-use common::shim::{check, check_moe, dense_problem, f16_ptr, opt, route, summarize, MoeData, Route, Stats};
+use common::shim::{check, check_decode, check_dense, check_moe, dense_problem, f16_ptr, opt, route, summarize, MoeData, Route, Stats};
 use common::{order_bound, Problem};
 use escha_ggml::testutil::Rng;
-use escha_ggml::{cref, LinearShape};
+use escha_ggml::cref;
 use half::f16;
 
 #[repr(C)]
@@ -94,28 +94,16 @@ fn dense_case(p: &Problem, m: usize, path: i32, seed: u64) -> Stats {
     let (ic, oc) = (p.shape.ic, p.shape.oc);
     let x = p.input(seed, m);
     let got = run_dense(p, &x, m, 1, ic, path);
-    let l = p.linear();
-    let want = cref::linear(&l, &x, m).unwrap();
-    let bound = order_bound(&l, &x, m);
     let what = format!(
         "linear K={} {}x{} m={m} path={path} scales={} bias={}",
         p.shape.k, ic, oc, p.s_in.is_some(), p.bias.is_some()
     );
-    check(&what, &got, &want, &bound, |i| (p.rout[i % oc] == f16::ZERO).then(|| p.bias.as_ref().map_or(0.0, |b| b[i % oc])))
+    check_dense(&what, p, &x, m, &got)
 }
 
 #[test]
 fn decode_kernel_is_bit_exact() {
-    for k in [2, 3] {
-        for (ic, oc) in [(256, 384), (384, 256)] {
-            let p = Problem::new(100 + k as u64, k, ic, oc, false, false);
-            let mut w = vec![0u16; ic * oc];
-            assert_eq!(unsafe { escha_metal_shim_decode(k as i32, ic as i64, oc as i64, p.code.as_ptr(), w.as_mut_ptr()) }, 0);
-            let want = cref::reconstruct(&p.code, LinearShape::new("t", k, ic, oc).unwrap());
-            let bad = w.iter().zip(&want).filter(|(a, b)| **a != b.to_bits()).count();
-            assert_eq!(bad, 0, "K={k} {ic}x{oc}: {bad} decoded weights differ from the C reference");
-        }
-    }
+    check_decode("metal decode", escha_metal_shim_decode);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 # Compute is installed and allowed, its pipe and stall figures.
 # Usage: hip/bench/compare.sh NAME=FLAGS...   (FLAGS: nvcc -D options;
 #        ESCHA_SRC=path picks another escha.cu, e.g. -DESCHA_SRC=\"/abs/old.cu\")
+# ESCHA_BENCH_PROFILE=0 skips the SASS mix and Nsight (hip/bench/run.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 src=$(mktemp -d)
@@ -27,8 +28,9 @@ for name in "${names[@]}"; do
     [ -x "$src/bench-$name" ] || { cat "$out/nvcc-$name.log"; continue; }
     rm -f "$out/nvcc-$name.log"
     "$src/bench-$name" > "$out/bench-$name.txt"
-    grep -E "^K=|split|^op" "$out/bench-$name.txt" | sed -E 's/checksum/cs/; s/ +/ /g'
+    grep -E "SMs|^K=|split|^op" "$out/bench-$name.txt" | sed -E 's/checksum/cs/; s/ +/ /g'
 done
+[ "${ESCHA_BENCH_PROFILE:-1}" = 1 ] || exit 0
 for name in "${names[@]}"; do
     # instruction mix of the batch-1 GEMV kernels (K=2 and K=3)
     cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null

@@ -150,31 +150,13 @@ struct Launch {
 
 #define B(i, T) ((T) L->buf[i])
 
-template <int K>
-void body_linear_gemv(const void * l, const ThreadCtx & t) {
+// The three dense kernels (GEMV, prefill, simdgroup-matrix) share one signature.
+template <auto KERNEL>
+void body_linear(const void * l, const ThreadCtx & t) {
     const Launch * L = (const Launch *) l;
     escha_metal_args a = L->args;
-    kernel_escha_linear_gemv<K>(a, B(1, const char *), B(2, const char *), B(3, const half *), B(4, const half *),
-                                B(5, const float *), B(6, const float *), B(7, const float *), (float *) L->buf[8],
-                                t.shm, t.tgpig, t.lane, t.sg);
-}
-
-template <int K>
-void body_linear_prefill(const void * l, const ThreadCtx & t) {
-    const Launch * L = (const Launch *) l;
-    escha_metal_args a = L->args;
-    kernel_escha_linear_prefill<K>(a, B(1, const char *), B(2, const char *), B(3, const half *), B(4, const half *),
-                                   B(5, const float *), B(6, const float *), B(7, const float *), (float *) L->buf[8],
-                                   t.shm, t.tgpig, t.lane, t.sg);
-}
-
-template <int K>
-void body_linear_mma(const void * l, const ThreadCtx & t) {
-    const Launch * L = (const Launch *) l;
-    escha_metal_args a = L->args;
-    kernel_escha_linear_mma<K>(a, B(1, const char *), B(2, const char *), B(3, const half *), B(4, const half *),
-                               B(5, const float *), B(6, const float *), B(7, const float *), (float *) L->buf[8],
-                               t.shm, t.tgpig, t.lane, t.sg);
+    KERNEL(a, B(1, const char *), B(2, const char *), B(3, const half *), B(4, const half *), B(5, const float *),
+           B(6, const float *), B(7, const float *), (float *) L->buf[8], t.shm, t.tgpig, t.lane, t.sg);
 }
 
 template <int K>
@@ -217,12 +199,12 @@ struct Entry {
 
 // The library: the same names the plan asks ggml-metal for.
 const Entry kLibrary[] = {
-    {"kernel_escha_linear_gemv_k2", body_linear_gemv<2>},
-    {"kernel_escha_linear_gemv_k3", body_linear_gemv<3>},
-    {"kernel_escha_linear_prefill_k2", body_linear_prefill<2>},
-    {"kernel_escha_linear_prefill_k3", body_linear_prefill<3>},
-    {"kernel_escha_linear_mma_k2", body_linear_mma<2>},
-    {"kernel_escha_linear_mma_k3", body_linear_mma<3>},
+    {"kernel_escha_linear_gemv_k2", body_linear<kernel_escha_linear_gemv<2>>},
+    {"kernel_escha_linear_gemv_k3", body_linear<kernel_escha_linear_gemv<3>>},
+    {"kernel_escha_linear_prefill_k2", body_linear<kernel_escha_linear_prefill<2>>},
+    {"kernel_escha_linear_prefill_k3", body_linear<kernel_escha_linear_prefill<3>>},
+    {"kernel_escha_linear_mma_k2", body_linear<kernel_escha_linear_mma<2>>},
+    {"kernel_escha_linear_mma_k3", body_linear<kernel_escha_linear_mma<3>>},
     {"kernel_escha_moe_gemv_k2", body_moe_gemv<2>},
     {"kernel_escha_moe_gemv_k3", body_moe_gemv<3>},
     {"kernel_escha_moe_map", body_moe_map},

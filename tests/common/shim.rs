@@ -63,6 +63,31 @@ pub fn summarize(name: &str, all: &[Stats]) {
 }
 
 
+/// `got` (m rows of a dense op on x) against the C reference within the
+/// bound; pruned channels exactly zero (or exactly the bias).
+pub fn check_dense(what: &str, p: &Problem, x: &[f32], m: usize, got: &[f32]) -> Stats {
+    let oc = p.shape.oc;
+    let l = p.linear();
+    let want = cref::linear(&l, x, m).unwrap();
+    let bound = order_bound(&l, x, m);
+    check(what, got, &want, &bound, |i| (p.rout[i % oc] == f16::ZERO).then(|| p.bias.as_ref().map_or(0.0, |b| b[i % oc])))
+}
+
+/// A decode entry point (code -> W [ic][oc] as f16 bits, 0 on success)
+/// against `cref::reconstruct`, bit for bit, K = 2/3 on two shapes.
+pub fn check_decode(what: &str, decode: unsafe extern "C" fn(i32, i64, i64, *const i16, *mut u16) -> i32) {
+    for k in [2, 3] {
+        for (ic, oc) in [(256, 384), (384, 256)] {
+            let p = Problem::new(100 + k as u64, k, ic, oc, false, false);
+            let mut w = vec![0u16; ic * oc];
+            assert_eq!(unsafe { decode(k as i32, ic as i64, oc as i64, p.code.as_ptr(), w.as_mut_ptr()) }, 0);
+            let want = cref::reconstruct(&p.code, LinearShape::new("t", k, ic, oc).unwrap());
+            let bad = w.iter().zip(&want).filter(|(a, b)| **a != b.to_bits()).count();
+            assert_eq!(bad, 0, "{what} K={k} {ic}x{oc}: {bad} decoded weights differ from the C reference");
+        }
+    }
+}
+
 /// A dense problem with prune masks on every 5th output channel.
 pub fn dense_problem(seed: u64, k: usize, ic: usize, oc: usize, scales: bool, bias: bool) -> Problem {
     let mut p = Problem::new(seed, k, ic, oc, scales, bias);
