@@ -5,7 +5,7 @@
 #            tensor-core path and on the SIMT path (the one HIP runs)
 #   broken   parity with a deliberately wrong decode (each lane's state
 #            offset one bit off) must fail: patches the build tree's
-#            escha.cu, rebuilds test-backend-ops, runs, restores the file
+#            escha-kernels.cuh, rebuilds test-backend-ops, runs, restores it
 #            (the next hip/device-build.sh rebuilds it)
 #   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
 #            IQ2_XXS weights of the same shapes
@@ -41,19 +41,19 @@ for step in "$@"; do
             echo "$op SIMT: $(grep -E 'tests passed' "$out/parity-simt-$op.log" | head -1)"
         done ;;
     broken)
-        f=.device-build/llama.cpp/ggml/src/ggml-cuda/escha.cu
-        cp "$f" "$out/escha.cu.orig"
+        f=.device-build/llama.cpp/ggml/src/ggml-cuda/escha-kernels.cuh
+        cp "$f" "$out/kernels.orig"
         sed -i 's/const int p0 = ((8 \* lane + 1) \* K - 16 + NB) % NB;/const int p0 = ((8 * lane + 1) * K - 15 + NB) % NB;/' "$f"
-        if cmp -s "$f" "$out/escha.cu.orig"; then
-            echo "broken: the line to break is not in escha.cu" >&2; exit 1
+        if cmp -s "$f" "$out/kernels.orig"; then
+            echo "broken: the line to break is not in $f" >&2; exit 1
         fi
         ninja -C .device-build/build test-backend-ops > "$out/broken-build.log" 2>&1 || tail -n 20 "$out/broken-build.log"
         for op in ESCHA_LINEAR ESCHA_MOE; do
             $B/test-backend-ops -b CUDA0 -o $op > "$out/broken-$op.log" 2>&1
             echo "$op, decode broken on purpose: $(grep -E 'tests passed' "$out/broken-$op.log" | head -1) $(grep -c FAIL "$out/broken-$op.log") FAIL lines"
         done
-        cp "$out/escha.cu.orig" "$f"
-        rm -f "$out/escha.cu.orig" ;;
+        cp "$out/kernels.orig" "$f"
+        rm -f "$out/kernels.orig" ;;
     perf)
         $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
