@@ -424,6 +424,39 @@ void llama_escha_finish_load(llama_model * model) {
     }
 }
 
+namespace {
+// 0 for a tensor of the format other than a code, -1 for a tensor not of the format.
+int64_t escha_weights_of(const std::string & name, const ggml_tensor * t) {
+    const size_t dot = name.rfind('.');
+    const std::string leaf = name.substr(dot == std::string::npos ? 0 : dot + 1);
+    if (leaf.rfind("escha_", 0) != 0) {
+        return -1;
+    }
+    // {16K, OC/16, IC/16, E}, checked against the architecture when the tensor is created
+    return leaf == "escha_code" ? t->ne[1] * 16 * t->ne[2] * 16 * t->ne[3] : 0;
+}
+} // namespace
+
+uint64_t llama_escha_n_params(const llama_model_loader & ml) {
+    int64_t n = (int64_t) ml.n_elements;
+    for (const auto & [name, w] : ml.weights_map) {
+        const int64_t weights = escha_weights_of(name, w.tensor);
+        if (weights >= 0) {
+            n += weights - ggml_nelements(w.tensor);
+        }
+    }
+    return (uint64_t) n;
+}
+
+std::string llama_escha_ftype_name(const llama_model_loader & ml) {
+    for (const auto & [name, w] : ml.weights_map) {
+        if (escha_weights_of(name, w.tensor) > 0) {
+            return "Escha-W2 + " + ml.ftype_name();
+        }
+    }
+    return ml.ftype_name();
+}
+
 void llama_escha_forget(const llama_model * model) {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_models.erase((const llama_model_base *) model);

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 struct llama_model;
 struct llama_model_base;
@@ -49,6 +50,16 @@ void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & m
 // published layout (`<arch>.escha.version` = 1), brings its non-contract
 // conventions to upstream's (ssm_a = -exp(A_log), DeltaNet V-head order).
 void llama_escha_finish_load(llama_model * model);
+
+// What llama.cpp reports of a file (llama_model_n_params, llama_model_desc,
+// llama-bench's model column): a code tensor counts as the IC x OC (x E)
+// weights it codes, not as its 16-bit code words, and the format's own
+// vectors (escha_rin, escha_rout, escha_s_in, escha_s_out, the published
+// layout's tables) count as the block scales of llama.cpp's quants do: not
+// at all. The file type of a file with coded weights is named
+// "Escha-W2 + <type of the other weights>".
+uint64_t llama_escha_n_params(const llama_model_loader & ml);
+std::string llama_escha_ftype_name(const llama_model_loader & ml);
 
 // Drops the registrations of a model being freed.
 void llama_escha_forget(const llama_model * model);

@@ -58,6 +58,11 @@ fi
 
 text=docs/FORMAT.md
 source tests/common/kld.sh
+# "model type|parameters" as llama-bench reports them
+described() {
+    "$bin/llama-bench" -m "$1" -p 8 -n 0 -r 1 -t "$threads" -o json 2>/dev/null \
+        | python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; print(d["model_type"] + "|" + str(d["model_n_params"]))'
+}
 convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" --no-mtp >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
 
 for kind in dense moe; do
@@ -94,6 +99,13 @@ for kind in dense moe; do
     "$bin/llama-cli" -m "$model" -p "The three primary colours are" -n 16 -st --temp 0 -t "$threads" </dev/null 2>/dev/null \
         | grep -F "t/s" || fail "$kind: llama-cli"
     "$escha" decode "$model" "$work/$kind-decoded.gguf" >/dev/null
+    # llama_model_n_params / llama_model_desc (llama-bench's columns): a coded
+    # weight counts as the weights of its decoded twin, and the type says escha.
+    IFS='|' read -r coded_desc coded_params <<<"$(described "$model")"
+    IFS='|' read -r twin_desc twin_params <<<"$(described "$work/$kind-decoded.gguf")"
+    echo "$kind: llama-bench reports \"$coded_desc\" with $coded_params parameters, the twin \"$twin_desc\" with $twin_params"
+    [ "$coded_params" = "$twin_params" ] || fail "$kind: $coded_params parameters reported, the decoded twin has $twin_params"
+    [[ "$coded_desc" == *"Escha-W2 + "* && "$twin_desc" != *Escha* ]] || fail "$kind: model type \"$coded_desc\" / twin \"$twin_desc\""
     ppl -m "$work/$kind-decoded.gguf" -f "$text" --kl-divergence-base "$work/$kind.kld" | grep -F "Final estimate" || fail "$kind: perplexity"
     read -r self _ <<<"$(kld "$work/$kind-decoded.gguf" "$work/$kind.kld")"
     read -r coded_kld top _ <<<"$(kld "$model" "$work/$kind.kld")"
