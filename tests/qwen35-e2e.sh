@@ -8,6 +8,8 @@
 #      checkpoint's decoded weights (V-head order, int8 -> Q8_0, fused gate_up);
 #   2. llama.cpp runs the Escha GGUF (llama-cli, llama-perplexity), and its
 #      logits match the decoded-weight twin (KLD < 1e-4, same top token);
+#      llama-bench reports the twin's parameter count and an Escha-W2 type;
+#      llama-quantize keeps every escha tensor and requantizes the rest;
 #   3. converter refusals: missing / unknown leaves, escha_config
 #      disagreement, codebook id;
 #   4. the published dense-27B layout (qwen35.escha.version = 1) gives the
@@ -112,6 +114,16 @@ for kind in dense moe; do
     echo "$kind mean KLD: twin vs itself $self, escha vs twin $coded_kld; same top token $top %"
     below "$self" 1e-5 && below "$coded_kld" 1e-4 || fail "$kind: KLD self $self (want < 1e-5), escha $coded_kld (want < 1e-4)"
     below 99 "$top" || fail "$kind: same top token only $top %"
+
+    log "$kind: llama-quantize on the Escha GGUF keeps the codes and quantizes the rest"
+    "$bin/llama-quantize" "$model" "$work/$kind-rest-q4km.gguf" Q4_K_M "$threads" >"$work/quantize.log" 2>&1 \
+        || { tail -n 5 "$work/quantize.log"; fail "$kind: llama-quantize"; }
+    "$py" $fixtures/escha_kept.py "$model" "$work/$kind-rest-q4km.gguf" || fail "$kind: what llama-quantize made of the Escha GGUF"
+    IFS='|' read -r rest_desc rest_params <<<"$(described "$work/$kind-rest-q4km.gguf")"
+    [[ "$rest_desc" == *"Escha-W2 + Q4_K - Medium" && "$rest_params" = "$coded_params" ]] \
+        || fail "$kind: requantized model reports \"$rest_desc\" with $rest_params parameters"
+    ppl -m "$work/$kind-rest-q4km.gguf" -f "$text" | grep -F "Final estimate" || fail "$kind: perplexity of the requantized model"
+    rm -f "$work/$kind-rest-q4km.gguf"
 done
 
 log "converter refusals, naming the tensor"
