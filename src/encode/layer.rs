@@ -35,35 +35,88 @@ pub struct EncodedLayer {
     /// The same with every input channel weighted by its importance (when
     /// one was given): the relative error the layer's outputs see.
     pub weighted_rel_error: Option<f64>,
+    /// Channels whose scale hit the largest f16 (weights beyond what the
+    /// format can hold: they are clipped, never infinite).
+    pub saturated_channels: usize,
+    /// Nonzero output channels too small for any f16 scale: coded as
+    /// pruned (`rout = 0`), they decode to zero.
+    pub zeroed_channels: usize,
 }
 
-fn rms(v: impl Iterator<Item = f32>) -> f32 {
-    let (mut s, mut n) = (0f64, 0usize);
-    for x in v {
-        s += (x as f64) * (x as f64);
-        n += 1;
+/// Smallest and largest magnitudes given to `rin`: the f16 normal range,
+/// centred so `rout` keeps the rest of f16's range for the row scales.
+const RIN_MIN: f64 = 1.0 / 16384.0;
+const RIN_MAX: f64 = 32768.0;
+/// Largest finite f16: `rout` saturates there instead of rounding to inf.
+const F16_MAX: f64 = 65504.0;
+/// Scaled weights are clamped to this before the rotation: only values far
+/// outside the codebook's range (about ±4) reach it, and it keeps every
+/// rotated target and path cost finite.
+const SCALED_CLAMP: f32 = 1e6;
+
+/// Random signs (seeded) on positive magnitudes, rounded to f16 as stored.
+fn signed(mags: &[f64], rng: &mut Rng) -> Vec<f16> {
+    mags.iter().map(|&m| f16::from_f64(if rng.next_u32() & 1 == 0 { m } else { -m })).collect()
+}
+
+/// Geometric mean of the positive entries (None if there are none).
+fn geometric_mean(v: &[f64]) -> Option<f64> {
+    let (s, n) = v.iter().filter(|&&m| m > 0.0).fold((0f64, 0usize), |(s, n), &m| (s + m.ln(), n + 1));
+    (n > 0).then(|| (s / n as f64).exp())
+}
+
+/// The per-channel scales `rin [IC]`, `rout [OC]` as stored (f16, signed),
+/// and how many channels could not be represented: `(saturated, zeroed)`.
+/// Only the product `rin_i * rout_c` matters, so the magnitudes are balanced
+/// in the log domain around a common centre and kept inside f16's range:
+/// weights of any finite size (1e-20 or 3e38) give finite scales. An
+/// all-zero row gets `rout = 0`, so it decodes to exactly zero.
+fn channel_scales(in_mags: &[f64], w: &[f32], ic: usize, rng: &mut Rng) -> (Vec<f16>, Vec<f16>, usize, usize) {
+    let row_rms = |rin: &[f64]| -> Vec<f64> {
+        w.chunks_exact(ic)
+            .map(|row| {
+                let s: f64 = row.iter().zip(rin).map(|(&v, &r)| (v as f64 / r).powi(2)).sum();
+                (s / ic as f64).sqrt() / TARGET_RMS as f64
+            })
+            .collect()
+    };
+    // Columns that are all zero take any scale: the centre of the others.
+    let centre_in = geometric_mean(in_mags).unwrap_or(1.0);
+    let mut a: Vec<f64> = in_mags.iter().map(|&m| if m > 0.0 && m.is_finite() { m } else { centre_in }).collect();
+    // Move a common factor from the rows to the columns so both centre on
+    // the same magnitude, then keep the columns in range.
+    if let Some(centre_out) = geometric_mean(&row_rms(&a)) {
+        let alpha = (centre_out / centre_in).sqrt();
+        a.iter_mut().for_each(|m| *m *= alpha);
     }
-    ((s / n.max(1) as f64).sqrt()) as f32
-}
-
-/// Per-channel scales with random signs, rounded to f16 (as stored).
-fn signed_scales(mags: &[f32], rng: &mut Rng) -> Vec<f16> {
-    mags.iter()
-        .map(|&m| {
-            let m = if m.is_finite() && m > 0.0 { m } else { 1.0 };
-            f16::from_f32(if rng.next_u32() & 1 == 0 { m } else { -m })
-        })
-        .collect()
+    let mut saturated = a.iter().filter(|&&m| m > RIN_MAX).count();
+    a.iter_mut().for_each(|m| *m = m.clamp(RIN_MIN, RIN_MAX));
+    let rin = signed(&a, rng);
+    let stored: Vec<f64> = rin.iter().map(|v| v.to_f64().abs()).collect();
+    let b = row_rms(&stored);
+    saturated += b.iter().filter(|&&m| m > F16_MAX).count();
+    let mut rout = signed(&b.iter().map(|&m| m.min(F16_MAX)).collect::<Vec<_>>(), rng);
+    let mut zeroed = 0;
+    for (r, &m) in rout.iter_mut().zip(&b) {
+        if r.to_f32() == 0.0 {
+            // Below f16's smallest value (or a zero row): a pruned channel.
+            zeroed += usize::from(m > 0.0);
+            *r = f16::ZERO;
+        }
+    }
+    (rin, rout, saturated, zeroed)
 }
 
 /// The tile targets: `W_bare [IC, OC]` = transpose of `RS^2 H (W/rout/rin) H`.
+/// A row with `rout = 0` is pruned: its targets are zero.
 fn rotated(w: &[f32], ic: usize, oc: usize, rin: &[f16], rout: &[f16]) -> Vec<f32> {
     // Scaled weight, rows = outputs; H on the input side (within each row).
     let mut m: Vec<f32> = Vec::with_capacity(oc * ic);
     for c in 0..oc {
-        let ro = rout[c].to_f32();
+        let ro = rout[c].to_f64();
         for i in 0..ic {
-            m.push(w[c * ic + i] / (ro * rin[i].to_f32()));
+            let v = if ro == 0.0 { 0.0 } else { (w[c * ic + i] as f64 / (ro * rin[i].to_f64())) as f32 };
+            m.push(v.clamp(-SCALED_CLAMP, SCALED_CLAMP));
         }
     }
     for row in m.chunks_exact_mut(ic) {
@@ -138,14 +191,14 @@ impl LayerOptions<'_> {
 /// that is smallest for `rin_i^2 ~ |W_.i| / sqrt(imp_i)`, i.e.
 /// `rin_i = sqrt(colrms_i) * imp_i^(-1/4)` (uniform importance without an
 /// imatrix).
-fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<&[f32]>) -> crate::Result<Vec<f32>> {
+fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<&[f32]>) -> crate::Result<Vec<f64>> {
     let mut sq = vec![0f64; ic];
     for row in w.chunks_exact(ic) {
         for (s, &v) in sq.iter_mut().zip(row) {
             *s += (v as f64) * (v as f64);
         }
     }
-    let mut mags: Vec<f32> = sq.iter().map(|&s| ((s / oc as f64).sqrt().sqrt()) as f32).collect();
+    let mut mags: Vec<f64> = sq.iter().map(|&s| (s / oc as f64).sqrt().sqrt()).collect();
     if let Some(imp) = importance {
         crate::validate::check_len(name, "importance", imp.len(), ic)?;
         crate::validate::check_finite(name, "importance", imp.iter().copied())?;
@@ -157,7 +210,7 @@ fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<
             // Channels never seen active get the floor, not an infinite scale.
             for (m, &v) in mags.iter_mut().zip(imp) {
                 let rel = (v as f64 / mean).max(1e-4);
-                *m = (*m as f64 * rel.powf(-0.25)) as f32;
+                *m *= rel.powf(-0.25);
             }
         }
     }
@@ -168,15 +221,17 @@ fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<
 pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, opts: &LayerOptions) -> crate::Result<EncodedLayer> {
     let k = opts.k;
     let shape = LinearShape::new(name, k, ic, oc)?;
-    crate::validate::check_len(name, "weight", w.len(), ic * oc)?;
+    let n = ic.checked_mul(oc).ok_or_else(|| crate::EschaError::Shape { tensor: name.into(), detail: format!("{ic} x {oc} weights overflow") })?;
+    crate::validate::check_len(name, "weight", w.len(), n)?;
     crate::validate::check_finite(name, "weight", w.iter().copied())?;
     let mut rng = Rng::new(opts.seed);
     // Input scales from the columns (and importance); output scales: each
     // row's RMS after that, divided by the target spread.
-    let rin = signed_scales(&input_scales(name, w, ic, oc, opts.importance)?, &mut rng);
-    let row: Vec<f32> = (0..oc).map(|c| rms((0..ic).map(|i| w[c * ic + i] / rin[i].to_f32().abs())) / TARGET_RMS).collect();
-    let rout = signed_scales(&row, &mut rng);
+    let (rin, rout, saturated, zeroed) = channel_scales(&input_scales(name, w, ic, oc, opts.importance)?, w, ic, &mut rng);
     let wb = rotated(w, ic, oc, &rin, &rout);
+    // Finite by construction (finite weights, clamped scaled values); the
+    // tile search must never see anything else.
+    crate::validate::check_finite(name, "rotated weight", wb.iter().copied())?;
 
     let (ktn, ntn) = shape.tiles();
     let tw = 16 * k;
@@ -211,11 +266,20 @@ pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, opts: &LayerOpt
         for (we, wr) in weff.chunks_exact(ic).zip(w.chunks_exact(ic)) {
             for (i, (&a, &b)) in we.iter().zip(wr).enumerate() {
                 let q = imp.map_or(1.0, |v| v[i] as f64);
-                num += q * ((a - b) as f64).powi(2);
+                num += q * (a as f64 - b as f64).powi(2);
                 den += q * (b as f64).powi(2);
             }
         }
         (num / den.max(f64::MIN_POSITIVE)).sqrt()
     };
-    Ok(EncodedLayer { shape, code, rin, rout, rel_error: rel(None), weighted_rel_error: opts.importance.map(|v| rel(Some(v))) })
+    Ok(EncodedLayer {
+        shape,
+        code,
+        rin,
+        rout,
+        rel_error: rel(None),
+        weighted_rel_error: opts.importance.map(|v| rel(Some(v))),
+        saturated_channels: saturated,
+        zeroed_channels: zeroed,
+    })
 }
