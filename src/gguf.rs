@@ -58,7 +58,10 @@ pub fn type_name(ty: GgmlType) -> String {
 pub fn row_bytes(ty: GgmlType, n: i64) -> Option<usize> {
     // SAFETY: the traits table covers every valid type.
     let tr = unsafe { &*sys::ggml_get_type_traits(ty) };
-    (tr.blck_size > 0 && n % tr.blck_size == 0).then(|| (n / tr.blck_size) as usize * tr.type_size)
+    if tr.blck_size <= 0 || n < 0 || n % tr.blck_size != 0 {
+        return None;
+    }
+    ((n / tr.blck_size) as usize).checked_mul(tr.type_size)
 }
 
 /// One tensor of a GGUF file.
@@ -78,7 +81,8 @@ impl TensorInfo {
         self.ne.iter().rposition(|&n| n != 1).map_or(1, |i| i + 1)
     }
     pub fn n_elements(&self) -> usize {
-        self.ne.iter().product::<i64>() as usize
+        // ggml's parser rejects shapes whose product overflows int64.
+        self.ne.iter().map(|&n| n.max(0) as usize).fold(1usize, usize::saturating_mul)
     }
     pub fn type_name(&self) -> String {
         type_name(self.ty)
@@ -130,11 +134,12 @@ impl GgufFile {
                 let t = TensorInfo {
                     ty: sys::gguf_get_tensor_type(ctx, id),
                     ne: [ne[0], ne[1], ne[2], ne[3]],
-                    offset: base + sys::gguf_get_tensor_offset(ctx, id) as u64,
+                    offset: base.saturating_add(sys::gguf_get_tensor_offset(ctx, id) as u64),
                     size: sys::gguf_get_tensor_size(ctx, id),
                     name,
                 };
-                let needed = t.offset + t.size as u64;
+                // ggml's parser bounds each size; the sum is checked here.
+                let needed = t.offset.checked_add(t.size as u64).unwrap_or(u64::MAX);
                 if needed > len {
                     return Err(GgufError::Truncated { path: shown, tensor: t.name, needed, len });
                 }
@@ -319,7 +324,10 @@ impl GgufWriter {
         let row = row_bytes(ty, ne[0]).ok_or_else(|| bad(format!("ne[0] = {} is not a whole number of {} blocks", ne[0], type_name(ty))))?;
         let mut full = [1i64; 4];
         full[..ne.len()].copy_from_slice(ne);
-        let size = row * (full[1] * full[2] * full[3]) as usize;
+        let size = full[1..]
+            .iter()
+            .try_fold(row, |n, &d| n.checked_mul(d as usize))
+            .ok_or_else(|| bad(format!("shape {ne:?} of {} is too large", type_name(ty))))?;
         self.specs.push(TensorSpec { name: name.into(), ty, ne: full, n_dims: ne.len(), size });
         Ok(())
     }

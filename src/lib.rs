@@ -6,13 +6,17 @@
 //! - [`hadamard`]: the 128-point Walsh-Hadamard transform and its scale;
 //! - [`reference`]: the linear / MoE forward exactly as the contract states;
 //! - [`validate`]: shape and checkpoint-leaf validation with named errors;
+//! - [`contract`]: the GGUF tensor contract, checked as llama.cpp's loader does;
 //! - [`cpu`]: fast decode-and-multiply kernels (runtime SIMD dispatch);
 //! - [`cref`]: the C reference in `ggml-escha/`, linked for cross-checks;
-//! - [`rawio`]: the raw little-endian golden-file convention of the CLI.
+//! - [`rawio`]: the raw little-endian golden-file convention of the CLI;
+//! - [`output`]: outputs written beside their target and renamed when complete.
 //!
 //! The format is specified in `docs/FORMAT.md`.
 
 pub mod codec;
+#[cfg(feature = "ggml")]
+pub mod contract;
 pub mod cpu;
 pub mod cref;
 pub mod encode;
@@ -27,6 +31,7 @@ pub mod quantize;
 #[cfg(feature = "ggml")]
 pub mod safetensors;
 pub mod hadamard;
+pub mod output;
 pub mod rawio;
 pub mod reference;
 pub mod validate;

@@ -99,6 +99,7 @@ impl<'a> Linear<'a> {
         }
         if let Some(v) = self.bias {
             check_len(n, "bias", v.len(), s.oc)?;
+            check_finite(n, "bias", v.iter().copied())?;
         }
         Ok(())
     }

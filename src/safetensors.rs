@@ -22,6 +22,12 @@ pub struct StTensor {
     pub size: usize,
 }
 
+/// Bytes of a tensor of `shape` with `elem`-byte elements, or None when the
+/// product overflows (a header can claim any shape).
+pub fn byte_size(elem: usize, shape: &[usize]) -> Option<u64> {
+    shape.iter().try_fold(elem as u64, |n, &d| n.checked_mul(d as u64))
+}
+
 pub fn dtype_size(dtype: &str) -> Option<usize> {
     Some(match dtype {
         "F64" | "I64" | "U64" => 8,
@@ -69,13 +75,15 @@ pub fn read_header(path: &Path) -> anyhow::Result<Vec<StTensor>> {
             .filter(|v: &Vec<u64>| v.len() == 2 && v[0] <= v[1])
             .ok_or_else(|| bad(path, format!("tensor {name}: bad data_offsets")))?;
         let es = dtype_size(&dtype).ok_or_else(|| bad(path, format!("tensor {name}: unknown dtype {dtype}")))?;
-        let size = (offs[1] - offs[0]) as usize;
-        if size != es * shape.iter().product::<usize>() {
+        let want = byte_size(es, &shape).ok_or_else(|| bad(path, format!("tensor {name}: shape {shape:?} of {dtype} is too large")))?;
+        if base.checked_add(offs[1]).is_none_or(|end| end > len) {
+            return Err(bad(path, format!("tensor {name}: data ends at {} but the file has {len} bytes (truncated?)", base as u128 + offs[1] as u128)));
+        }
+        let size = offs[1] - offs[0];
+        if size != want {
             return Err(bad(path, format!("tensor {name}: {size} bytes for shape {shape:?} of {dtype}")));
         }
-        if base + offs[1] > len {
-            return Err(bad(path, format!("tensor {name}: data ends at {} but the file has {len} bytes (truncated?)", base + offs[1])));
-        }
+        let size = usize::try_from(size).map_err(|_| bad(path, format!("tensor {name}: {size} bytes do not fit in memory")))?;
         out.push(StTensor { name, dtype, shape, file: path.to_path_buf(), offset: base + offs[0], size });
     }
     out.sort_by_key(|t| t.offset);
@@ -119,7 +127,8 @@ impl StWriter {
         if self.entries.iter().any(|e| e.0 == name) {
             anyhow::bail!("tensor {name} declared twice");
         }
-        self.entries.push((name.into(), dtype.into(), shape.to_vec(), es * shape.iter().product::<usize>()));
+        let size = byte_size(es, shape).and_then(|n| usize::try_from(n).ok()).ok_or_else(|| anyhow::anyhow!("tensor {name}: shape {shape:?} of {dtype} is too large"))?;
+        self.entries.push((name.into(), dtype.into(), shape.to_vec(), size));
         Ok(())
     }
 
@@ -134,8 +143,9 @@ impl StWriter {
         }
         let mut off = 0usize;
         for (name, dtype, shape, size) in &self.entries {
-            header.insert(name.clone(), json!({ "dtype": dtype, "shape": shape, "data_offsets": [off, off + size] }));
-            off += size;
+            let end = off.checked_add(*size).ok_or_else(|| anyhow::anyhow!("{}: tensor {name} ends beyond any file size", path.display()))?;
+            header.insert(name.clone(), json!({ "dtype": dtype, "shape": shape, "data_offsets": [off, end] }));
+            off = end;
         }
         let mut h = serde_json::to_vec(&Value::Object(header))?;
         // Data starts 8-byte aligned; the format pads the header with spaces.

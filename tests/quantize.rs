@@ -7,28 +7,12 @@
 mod common;
 
 use common::cli::{escha, TempDir};
+use common::files::{f16_tensor, f32_tensor, write_gguf, write_safetensors, Src};
 use escha_ggml::encode::effective_weight;
-use escha_ggml::gguf::{GgmlType, GgufFile, GgufWriter};
+use escha_ggml::gguf::{GgmlType, GgufFile};
 use escha_ggml::testutil::Rng;
 use escha_ggml::LinearShape;
 use half::f16;
-
-/// A source tensor: name, type, ne, bytes.
-struct Src {
-    name: &'static str,
-    ty: GgmlType,
-    ne: Vec<i64>,
-    bytes: Vec<u8>,
-}
-
-fn f16_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> Src {
-    let b = v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
-    Src { name, ty: GgmlType::GGML_TYPE_F16, ne: ne.to_vec(), bytes: b }
-}
-
-fn f32_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> Src {
-    Src { name, ty: GgmlType::GGML_TYPE_F32, ne: ne.to_vec(), bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
-}
 
 /// Q8_0 written by hand (f16 scale + 32 int8 per block), and its exact values.
 fn q8_0_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> (Src, Vec<f32>) {
@@ -44,21 +28,6 @@ fn q8_0_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> (Src, Vec<f32>) {
         }
     }
     (Src { name, ty: GgmlType::GGML_TYPE_Q8_0, ne: ne.to_vec(), bytes: b }, exact)
-}
-
-fn write_gguf(path: &str, tensors: &[Src]) {
-    let mut w = GgufWriter::new();
-    w.set_str("general.architecture", "llama");
-    w.set_str("general.name", "escha-quantize-test");
-    w.set_u32("llama.block_count", 1);
-    for t in tensors {
-        w.add_tensor(t.name, t.ty, &t.ne).unwrap();
-    }
-    let mut s = w.create(path).unwrap();
-    for t in tensors {
-        s.write_tensor(t.name, &t.bytes).unwrap();
-    }
-    s.finish().unwrap();
 }
 
 fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -218,24 +187,6 @@ fn quantize_patterns_and_imatrix() {
     std::fs::write(d.file("bad.dat"), &im[..im.len() - 10]).unwrap();
     let o = escha(&["quantize", &input, &d.file("x.gguf"), "--imatrix", &d.file("bad.dat")]);
     assert!(o.code == 1 && o.stderr.contains("bad.dat") && o.stderr.contains("truncated"), "{}", o.stderr);
-}
-
-/// A safetensors file written by hand (independent of the crate's writer).
-fn write_safetensors(path: &std::path::Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
-    let mut header = String::from("{");
-    let mut off = 0;
-    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-        let sep = if i > 0 { "," } else { "" };
-        header += &format!("{sep}\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{off},{}]}}", off + bytes.len());
-        off += bytes.len();
-    }
-    header += "}";
-    let mut f = (header.len() as u64).to_le_bytes().to_vec();
-    f.extend(header.as_bytes());
-    for t in tensors {
-        f.extend(&t.3);
-    }
-    std::fs::write(path, f).unwrap();
 }
 
 #[test]

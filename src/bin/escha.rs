@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Result};
 use escha_ggml::codec::{self, TILE, TILE_VALUES};
 use escha_ggml::cpu::{CpuLinear, Isa, Kernel};
 use escha_ggml::reference::{self, Linear};
+use escha_ggml::output::Output;
 use escha_ggml::{cref, rawio, LinearShape};
 use half::f16;
 use std::ffi::OsString;
@@ -60,6 +61,9 @@ usage:
 
   escha help | --help
       This text.
+
+Outputs are written to OUT.partial beside OUT and renamed when complete; an output that
+is an input (through any link) or not a regular file (a directory, /dev/null) is refused.
 
 exit status: 0 success, 1 error or --compare found differences, 2 command-line mistake
 ";
@@ -259,6 +263,14 @@ fn dims_arg(a: &Args) -> Result<Dims<'_>> {
 }
 
 impl Dims<'_> {
+    /// The files the dimensions are read from.
+    fn files(&self) -> Vec<&Path> {
+        match *self {
+            Dims::Given(..) => Vec::new(),
+            Dims::Files(rin, rout) => vec![rin, rout],
+        }
+    }
+
     fn resolve(&self) -> Result<(usize, usize)> {
         match *self {
             Dims::Given(ic, oc) => Ok((ic, oc)),
@@ -388,11 +400,16 @@ fn cmd_reconstruct(a: &Args) -> Result<ExitCode> {
     let out = Path::new(a.required("-o")?);
     let gold = a.get("--compare").map(Path::new);
 
+    let mut inputs = vec![code_path];
+    inputs.extend(dims.files());
+    inputs.extend(gold);
+    let out = Output::file(out, &inputs)?;
     let (ic, oc) = dims.resolve()?;
     let (code, shape) = load_code(code_path, ic, oc)?;
     print_code_summary(code_path, shape);
     let w = codec::reconstruct(&code, shape);
-    rawio::write_f16(out, &w)?;
+    rawio::write_f16(out.path(), &w)?;
+    out.commit()?;
     match gold {
         Some(gold) => compare(&w, gold),
         None => Ok(ExitCode::SUCCESS),
@@ -408,6 +425,10 @@ fn cmd_linear(a: &Args) -> Result<ExitCode> {
     let out = Path::new(a.required("-o")?);
     let imp = impl_arg(a)?;
     let gold = a.get("--compare").map(Path::new);
+    let mut inputs = vec![code_path, rin_path, rout_path, x_path];
+    inputs.extend(["--s-in", "--s-out", "--bias"].into_iter().filter_map(|f| a.get(f).map(Path::new)));
+    inputs.extend(gold);
+    let out = Output::file(out, &inputs)?;
 
     let rin = rawio::read_f16(rin_path)?;
     let rout = rawio::read_f16(rout_path)?;
@@ -467,7 +488,8 @@ fn cmd_linear(a: &Args) -> Result<ExitCode> {
         yes_no(&s_in),
         yes_no(&s_out)
     );
-    rawio::write_f16(out, &y)?;
+    rawio::write_f16(out.path(), &y)?;
+    out.commit()?;
     match gold {
         Some(gold) => compare(&y, gold),
         None => Ok(ExitCode::SUCCESS),

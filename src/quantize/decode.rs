@@ -3,84 +3,72 @@
 //! escha ops inside llama.cpp against its own matrix multiply; and the same
 //! for an Escha HF checkpoint directory, for checking converters.
 
+use crate::contract::{self, CodedGguf};
 use crate::encode::effective_weight;
-use crate::gguf::{GgmlType, GgufFile, GgufWriter, TensorInfo};
-use crate::validate::LinearShape;
-use anyhow::{bail, Context};
+use crate::gguf::{GgmlType, GgufFile, GgufWriter};
+use crate::output::Output;
 use crate::safetensors::{read_header, StTensor, StWriter};
+use crate::validate::{check_finite, validate_leaves, CodedLeaves, Leaf, LeafDtype, LinearShape};
+use anyhow::{bail, Context};
 use half::f16;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-const SIDECARS: [&str; 4] = ["escha_rin", "escha_rout", "escha_s_in", "escha_s_out"];
-
-fn leaf<'a>(src: &'a GgufFile, stem: &str, name: &str) -> Option<&'a TensorInfo> {
-    src.tensor(&format!("{stem}.{name}"))
-}
-
-/// Decodes every coded weight of `input` into `<stem>.weight` F32.
+/// Decodes every coded weight of `input` into `<stem>.weight` F32. The
+/// input is checked as llama.cpp's loader checks it ([`crate::contract`]).
 pub fn decode_gguf(input: &Path, output: &Path) -> anyhow::Result<usize> {
+    let out_file = Output::file(output, &[input])?;
     let src = GgufFile::open(input)?;
     if src.get_u32("escha.format_version")?.is_none() {
         bail!("{} is not an Escha GGUF (no escha.format_version)", input.display());
     }
+    let coded = contract::coded_weights(&src)?;
+    let by_code: HashMap<&str, &CodedGguf> = coded.iter().map(|c| (c.code.name.as_str(), c)).collect();
+    // Tensors the decoded weight replaces: every leaf of a coded stem but its bias.
+    let replaced: HashSet<&str> = coded.iter().flat_map(|c| [Some(c.rin), Some(c.rout), c.s_in, c.s_out]).flatten().map(|t| t.name.as_str()).collect();
     let mut w = GgufWriter::new();
     w.copy_kv(&src);
     w.remove_key("escha.format_version");
     w.remove_key("escha.codebook");
     w.remove_key("escha.apply_bias");
-    let is_sidecar = |n: &str| SIDECARS.iter().any(|s| n.ends_with(&format!(".{s}")));
     for t in src.tensors() {
-        if let Some(stem) = t.name.strip_suffix(".escha_code") {
-            let (k16, oc, ic, e) = (t.ne[0], t.ne[1] * 16, t.ne[2] * 16, t.ne[3]);
-            if t.ty != GgmlType::GGML_TYPE_I16 || !(k16 == 32 || k16 == 48) {
-                bail!("{}: not an i16 code with ne[0] = 32 or 48", t.name);
-            }
+        if let Some(c) = by_code.get(t.name.as_str()) {
+            let (ic, oc, e) = (c.shape.ic as i64, c.shape.oc as i64, c.experts as i64);
             let ne: Vec<i64> = if e > 1 { vec![ic, oc, e] } else { vec![ic, oc] };
-            w.add_tensor(&format!("{stem}.weight"), GgmlType::GGML_TYPE_F32, &ne)?;
-        } else if !is_sidecar(&t.name) {
+            w.add_tensor(&format!("{}.weight", c.stem), GgmlType::GGML_TYPE_F32, &ne)?;
+        } else if !replaced.contains(t.name.as_str()) {
             w.add_tensor(&t.name, t.ty, &t.ne[..t.n_dims()])?;
         }
     }
-    let mut out = w.create(output)?;
-    let mut n = 0;
+    let mut out = w.create(out_file.path())?;
     for t in src.tensors() {
-        let Some(stem) = t.name.strip_suffix(".escha_code") else {
-            if !is_sidecar(&t.name) {
+        let Some(c) = by_code.get(t.name.as_str()) else {
+            if !replaced.contains(t.name.as_str()) {
                 out.write_tensor(&t.name, &src.read(t)?)?;
             }
             continue;
         };
-        let (k, oc, ic, e) = ((t.ne[0] / 16) as usize, (t.ne[1] * 16) as usize, (t.ne[2] * 16) as usize, t.ne[3] as usize);
-        let code: Vec<i16> = src.read(t)?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
-        let need = |name: &str| leaf(&src, stem, name).with_context(|| format!("{stem}: missing {name}"));
-        let f16s = |ti: &TensorInfo| -> anyhow::Result<Vec<f16>> {
-            if ti.ty != GgmlType::GGML_TYPE_F16 {
-                bail!("{}: type {}, expected f16 (as the loader requires)", ti.name, ti.type_name());
-            }
-            Ok(src.read_f32(ti)?.into_iter().map(f16::from_f32).collect())
-        };
-        let s_in = leaf(&src, stem, "escha_s_in").map(|ti| src.read_f32(ti)).transpose()?;
-        let s_out = leaf(&src, stem, "escha_s_out").map(|ti| src.read_f32(ti)).transpose()?;
+        // Reading checks every vector, the bias (written later, as it is) too.
+        let d = c.read(&src)?;
         let coded = Coded {
-            stem,
-            k,
-            ic,
-            oc,
-            experts: e,
-            code: &code,
-            rin: &f16s(need("escha_rin")?)?,
-            rout: &f16s(need("escha_rout")?)?,
-            s_in: s_in.as_deref(),
-            s_out: s_out.as_deref(),
+            stem: &c.stem,
+            k: c.shape.k,
+            ic: c.shape.ic,
+            oc: c.shape.oc,
+            experts: c.experts,
+            code: &d.code,
+            rin: &d.rin,
+            rout: &d.rout,
+            s_in: d.s_in.as_deref(),
+            s_out: d.s_out.as_deref(),
         };
         let weights = coded.effective_weights()?;
-        out.write_tensor(&format!("{stem}.weight"), bytemuck::cast_slice(&weights))?;
-        n += 1;
+        out.write_tensor(&format!("{}.weight", c.stem), bytemuck::cast_slice(&weights))?;
     }
     out.finish()?;
-    Ok(n)
+    out_file.commit()?;
+    Ok(coded.len())
 }
 
 /// One coded weight's leaves, for decoding.
@@ -137,12 +125,12 @@ impl Coded<'_> {
 /// (row times scale), and `quantization_config` is dropped. Any converter
 /// can then read it: the reference for checking an Escha converter.
 pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
-    let mut config: Value = serde_json::from_slice(&std::fs::read(input.join("config.json")).with_context(|| format!("{}: no config.json", input.display()))?)?;
+    let out_dir = Output::dir(output, &[input])?;
+    let cfg_path = input.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&cfg_path).with_context(|| format!("{}: no config.json", input.display()))?)
+        .with_context(|| format!("{} is not JSON", cfg_path.display()))?;
     if config.pointer("/quantization_config/quant_method").and_then(Value::as_str).is_none_or(|m| m != "escha" && m != "eschamoe") {
         bail!("{} is not an Escha checkpoint (quantization_config.quant_method is not escha or eschamoe)", input.display());
-    }
-    if output.exists() {
-        bail!("output directory {} already exists", output.display());
     }
     let mut files: Vec<_> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
@@ -152,6 +140,33 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     }
     let by_name: HashMap<&str, &StTensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let get = |name: &str| by_name.get(name).copied();
+    // Every coded prefix checked against the leaf contract (§7) first.
+    let mut coded: HashMap<&str, CodedLeaves> = HashMap::new();
+    for t in &tensors {
+        let Some((prefix, leaf)) = t.name.rsplit_once('.').filter(|(_, l)| l.starts_with("escha_")) else {
+            if t.name.starts_with("escha_") {
+                bail!("{}: an escha tensor outside any coded linear (not in the leaf contract)", t.name);
+            }
+            continue;
+        };
+        if leaf != "escha_code" {
+            if get(&format!("{prefix}.escha_code")).is_none() {
+                bail!("{}: escha leaf without {prefix}.escha_code", t.name);
+            }
+            continue;
+        }
+        let mut leaves = BTreeMap::new();
+        for (name, l) in by_name.iter().filter_map(|(n, l)| n.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')).map(|r| (r, l))) {
+            if name.starts_with("escha_") || name == "bias" {
+                leaves.insert(name.to_string(), leaf_of(l)?);
+            }
+        }
+        let c = validate_leaves(prefix, &leaves)?;
+        if get(&format!("{prefix}.weight")).is_some() {
+            bail!("{prefix}: has both {prefix}.weight and {prefix}.escha_code (a coded linear replaces .weight)");
+        }
+        coded.insert(prefix, c);
+    }
     let mut w = StWriter::default();
     w.metadata("format", "pt");
     enum Out {
@@ -161,70 +176,63 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     }
     let mut plan: Vec<(&StTensor, Out)> = Vec::new(); // in output order
     for t in &tensors {
-        if let Some(stem) = t.name.strip_suffix(".escha_code") {
-            let [lead @ .., kt, nt, _] = t.shape.as_slice() else { bail!("{}: rank {} is not 3 or 4", t.name, t.shape.len()) };
-            if lead.len() > 1 {
-                bail!("{}: rank {} is not 3 or 4", t.name, t.shape.len());
-            }
-            w.add(&format!("{stem}.weight"), "F32", &[lead, &[nt * 16, kt * 16]].concat())?;
+        if let Some(c) = t.name.strip_suffix(".escha_code").and_then(|p| coded.get(p)) {
+            let prefix = t.name.strip_suffix(".escha_code").unwrap_or_default();
+            let lead: Vec<usize> = c.experts.into_iter().collect();
+            w.add(&format!("{prefix}.weight"), "F32", &[lead.as_slice(), &[c.shape.oc, c.shape.ic]].concat())?;
             plan.push((t, Out::Code));
         } else if let Some(stem) = t.name.strip_suffix(".weight_int8") {
+            int8_shape(stem, t, get(&format!("{stem}.weight_scale")))?;
             w.add(&format!("{stem}.weight"), "F32", &t.shape)?;
             plan.push((t, Out::Int8));
-        } else if t.name.rsplit_once('.').is_some_and(|(_, l)| l.starts_with("escha_")) || t.name.ends_with(".weight_scale") {
-            continue;
-        } else {
+        } else if let Some(stem) = t.name.strip_suffix(".weight_scale") {
+            if get(&format!("{stem}.weight_int8")).is_none() {
+                bail!("{}: a row scale without {stem}.weight_int8", t.name);
+            }
+        } else if t.name.rsplit_once('.').is_none_or(|(_, l)| !l.starts_with("escha_")) {
             w.add(&t.name, &t.dtype, &t.shape)?;
             plan.push((t, Out::Copy));
         }
     }
-    std::fs::create_dir_all(output)?;
-    let mut out = w.create(&output.join("model.safetensors"))?;
+    let mut out = w.create(&out_dir.path().join("model.safetensors"))?;
     let mut n = 0;
     for (t, what) in plan {
         match what {
             Out::Code => {
-                let stem = t.name.strip_suffix(".escha_code").unwrap();
-                let need = |l: &str| get(&format!("{stem}.{l}")).with_context(|| format!("{stem}: required leaf {l} is missing"));
-                let f16s = |t: &StTensor| -> anyhow::Result<Vec<f16>> {
-                    if t.dtype != "F16" {
-                        bail!("{}: dtype {}, expected F16", t.name, t.dtype);
-                    }
-                    Ok(t.read()?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect())
+                let prefix = t.name.strip_suffix(".escha_code").unwrap_or_default();
+                let c = &coded[prefix];
+                let leaf = |l: &str| get(&format!("{prefix}.{l}"));
+                // Finite vectors, as the loader requires of the GGUF.
+                let vector = |t: &StTensor| -> anyhow::Result<Vec<f32>> {
+                    let v = t.read_f32()?;
+                    check_finite(&t.name, "value", v.iter().copied())?;
+                    Ok(v)
                 };
-                let f32s = |l: &str| -> anyhow::Result<Option<Vec<f32>>> {
-                    get(&format!("{stem}.{l}")).map(|t| if t.dtype == "F32" { t.read_f32() } else { bail!("{}: dtype {}, expected F32", t.name, t.dtype) }).transpose()
-                };
-                if t.dtype != "I16" {
-                    bail!("{}: dtype {}, escha codes are I16", t.name, t.dtype);
-                }
+                let halves = |l: &str| -> anyhow::Result<Vec<f16>> { Ok(leaf(l).map(vector).transpose()?.unwrap_or_default().into_iter().map(f16::from_f32).collect()) };
                 let code: Vec<i16> = t.read()?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
-                let (s_in, s_out) = (f32s("escha_s_in")?, f32s("escha_s_out")?);
-                let s = &t.shape;
-                let (k16, nt, kt) = (s[s.len() - 1], s[s.len() - 2], s[s.len() - 3]);
+                let (s_in, s_out) = (leaf("escha_s_in").map(vector).transpose()?, leaf("escha_s_out").map(vector).transpose()?);
+                leaf("bias").map(vector).transpose()?;
                 let coded = Coded {
-                    stem,
-                    k: k16 / 16,
-                    ic: kt * 16,
-                    oc: nt * 16,
-                    experts: if s.len() == 4 { s[0] } else { 1 },
+                    stem: prefix,
+                    k: c.shape.k,
+                    ic: c.shape.ic,
+                    oc: c.shape.oc,
+                    experts: c.experts.unwrap_or(1),
                     code: &code,
-                    rin: &f16s(need("escha_rin")?)?,
-                    rout: &f16s(need("escha_rout")?)?,
+                    rin: &halves("escha_rin")?,
+                    rout: &halves("escha_rout")?,
                     s_in: s_in.as_deref(),
                     s_out: s_out.as_deref(),
                 };
-                out.write(&format!("{stem}.weight"), bytemuck::cast_slice(&coded.effective_weights()?))?;
+                out.write(&format!("{prefix}.weight"), bytemuck::cast_slice(&coded.effective_weights()?))?;
                 n += 1;
             }
             Out::Int8 => {
-                let stem = t.name.strip_suffix(".weight_int8").unwrap();
+                let stem = t.name.strip_suffix(".weight_int8").unwrap_or_default();
                 let st = get(&format!("{stem}.weight_scale")).with_context(|| format!("{stem}: weight_scale is missing"))?;
-                let (rows, cols) = (t.shape[0], t.size / t.shape[0]);
-                if t.dtype != "I8" || st.dtype != "F16" || st.shape.iter().product::<usize>() != rows {
-                    bail!("{stem}: expected I8 [N, IC] rows and F16 [N] scales");
-                }
+                let cols = int8_shape(stem, t, Some(st))?;
                 let scale: Vec<f32> = st.read()?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+                check_finite(&st.name, "value", scale.iter().copied())?;
                 let q = t.read()?;
                 let wts: Vec<f32> = q.iter().enumerate().map(|(i, &b)| (b as i8) as f32 * scale[i / cols]).collect();
                 out.write(&format!("{stem}.weight"), bytemuck::cast_slice(&wts))?;
@@ -237,7 +245,43 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     if let Some(o) = config.as_object_mut() {
         o.remove("quantization_config");
     }
-    std::fs::write(output.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-    super::hf::copy_side_files(&files, output)?;
+    std::fs::write(out_dir.path().join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+    super::hf::copy_side_files(&files, out_dir.path())?;
+    out_dir.commit()?;
     Ok(n)
+}
+
+/// What the leaf contract needs of a safetensors tensor (`escha_config`'s
+/// values included).
+fn leaf_of(t: &StTensor) -> anyhow::Result<Leaf> {
+    let dtype = match t.dtype.as_str() {
+        "I16" => LeafDtype::I16,
+        "F16" => LeafDtype::F16,
+        "F32" => LeafDtype::F32,
+        "I32" => LeafDtype::I32,
+        _ => LeafDtype::Other,
+    };
+    let ints = match dtype {
+        LeafDtype::I32 if t.name.ends_with(".escha_config") => {
+            Some(t.read()?.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect())
+        }
+        _ => None,
+    };
+    Ok(Leaf { dtype, shape: t.shape.iter().map(|&d| i64::try_from(d).unwrap_or(-1)).collect(), ints })
+}
+
+/// An int8 pair: I8 rows `[N, IC]` (N, IC positive) and F16 scales, one per
+/// row. Returns IC.
+fn int8_shape(stem: &str, q: &StTensor, scale: Option<&StTensor>) -> anyhow::Result<usize> {
+    let Some(st) = scale else { bail!("{stem}: {stem}.weight_int8 without {stem}.weight_scale") };
+    match (q.dtype.as_str(), q.shape.as_slice(), st.dtype.as_str()) {
+        ("I8", &[rows, cols], "F16") if rows > 0 && cols > 0 && st.shape.iter().product::<usize>() == rows && st.shape.len() <= 2 => Ok(cols),
+        _ => bail!(
+            "{stem}: weight_int8 {} {:?} with weight_scale {} {:?}; expected I8 [N, IC] rows (N, IC > 0) and F16 [N] scales",
+            q.dtype,
+            q.shape,
+            st.dtype,
+            st.shape
+        ),
+    }
 }

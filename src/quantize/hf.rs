@@ -8,7 +8,8 @@
 
 use super::plan::{self, Action};
 use super::progress::Progress;
-use super::{as_bytes, commit_partial, encode_tensor, partial_path, require_codes, total_tiles, Options, Report};
+use super::{as_bytes, encode_tensor, require_codes, total_tiles, Options, Report};
+use crate::output::Output;
 use crate::safetensors::{read_header, StTensor, StWriter};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
@@ -26,14 +27,12 @@ fn ggml_ne(shape: &[usize]) -> [i64; 4] {
 /// Quantizes the checkpoint in `input` into the new directory `output`.
 pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
+    let out_dir = Output::dir(output, &[input])?;
     let cfg_path = input.join("config.json");
     let mut config: Value = serde_json::from_slice(&std::fs::read(&cfg_path).with_context(|| format!("{}: an HF checkpoint needs config.json", input.display()))?)
         .with_context(|| format!("{} is not JSON", cfg_path.display()))?;
     if let Some(m) = config.pointer("/quantization_config/quant_method").and_then(Value::as_str) {
         bail!("{} is already quantized (quant_method {m})", input.display());
-    }
-    if output.exists() {
-        bail!("output directory {} already exists", output.display());
     }
     let mut files: Vec<_> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
@@ -82,11 +81,7 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
             _ => w.add(&t.name, &t.dtype, &t.shape)?,
         }
     }
-    let partial = partial_path(output);
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    std::fs::create_dir_all(&partial)?;
+    let partial = out_dir.path();
     let progress = Progress::start(total_tiles(&actions), opts.show_progress);
     let result = (|| -> anyhow::Result<()> {
         let mut out = w.create(&partial.join("model.safetensors"))?;
@@ -118,10 +113,11 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
             "ignore": ignore,
         });
         std::fs::write(partial.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-        copy_side_files(&files, &partial)
+        copy_side_files(&files, partial)
     })();
     progress.finish();
-    commit_partial(result, &partial, output)?;
+    result?;
+    out_dir.commit()?;
     report.out_bytes = std::fs::metadata(output.join("model.safetensors"))?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

@@ -8,7 +8,8 @@
 //! `<stem>.escha_rin` and `<stem>.escha_rout` (F16), in the same place of
 //! the tensor list; every other tensor and every metadata key is copied.
 //! Output is streamed tensor by tensor into `OUT.partial` and renamed when
-//! complete, so a failed run never leaves a plausible-looking file.
+//! complete ([`crate::output`]), so a failed run never leaves a
+//! plausible-looking file.
 
 pub mod decode;
 pub mod hf;
@@ -18,6 +19,7 @@ pub mod progress;
 
 use crate::encode::{encode_layer, LayerOptions};
 use crate::gguf::{self, GgmlType, GgufFile, GgufWriter};
+use crate::output::Output;
 use anyhow::{bail, Context};
 use half::f16;
 use imatrix::Imatrix;
@@ -63,6 +65,10 @@ pub struct Coded {
     /// The same weighted by the imatrix, when one was given.
     pub weighted_error: Option<f64>,
     pub seconds: f64,
+    /// Channels (over experts) whose scale saturated at the largest f16.
+    pub saturated_channels: usize,
+    /// Nonzero output channels too small for f16 scales, coded as pruned.
+    pub zeroed_channels: usize,
 }
 
 /// What a run did.
@@ -125,6 +131,7 @@ fn encode_tensor(
     let t0 = Instant::now();
     let mut c = CodedTensor { code: Vec::new(), rin: Vec::new(), rout: Vec::new() };
     let (mut worst, mut worst_w) = (0f64, None::<f64>);
+    let (mut saturated, mut zeroed) = (0, 0);
     for e in 0..experts {
         let imp = match &opts.imatrix {
             Some(m) => m.get(name, e, ic)?,
@@ -144,6 +151,8 @@ fn encode_tensor(
         let enc = encode_layer(&shown, &w[e * ic * oc..(e + 1) * ic * oc], ic, oc, &lo).with_context(|| format!("coding {shown}"))?;
         worst = worst.max(enc.rel_error);
         worst_w = enc.weighted_rel_error.map(|v| worst_w.map_or(v, |m| m.max(v)));
+        saturated += enc.saturated_channels;
+        zeroed += enc.zeroed_channels;
         c.code.extend_from_slice(&enc.code);
         c.rin.extend_from_slice(&enc.rin);
         c.rout.extend_from_slice(&enc.rout);
@@ -161,19 +170,14 @@ fn encode_tensor(
         rel_error: worst,
         weighted_error: worst_w,
         seconds: t0.elapsed().as_secs_f64(),
+        saturated_channels: saturated,
+        zeroed_channels: zeroed,
     });
     Ok(c)
 }
 
 fn as_bytes<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
-}
-
-/// Where an output is written until it is complete.
-fn partial_path(output: &Path) -> std::path::PathBuf {
-    let mut p = output.as_os_str().to_owned();
-    p.push(".partial");
-    p.into()
 }
 
 /// A plan must code something; otherwise the rules or the file are wrong.
@@ -184,17 +188,6 @@ fn require_codes(actions: &[Action], input: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ends a run that wrote into `partial` (a file or a directory): on success
-/// it becomes `output`, on failure it is removed so nothing half-written
-/// is left looking like a result.
-fn commit_partial(result: anyhow::Result<()>, partial: &Path, output: &Path) -> anyhow::Result<()> {
-    if let Err(e) = result {
-        let _ = if partial.is_dir() { std::fs::remove_dir_all(partial) } else { std::fs::remove_file(partial) };
-        return Err(e);
-    }
-    std::fs::rename(partial, output).with_context(|| format!("renaming {} to {}", partial.display(), output.display()))
-}
-
 /// Tiles to encode under a plan.
 fn total_tiles(actions: &[Action]) -> usize {
     actions.iter().map(|a| if let Action::Code { ic, oc, experts, .. } = a { ic / 16 * (oc / 16) * experts } else { 0 }).sum()
@@ -203,9 +196,7 @@ fn total_tiles(actions: &[Action]) -> usize {
 /// Quantizes `input` into `output`.
 pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
-    if input.exists() && output.exists() && std::fs::canonicalize(input)? == std::fs::canonicalize(output)? {
-        bail!("output {} is the input file", output.display());
-    }
+    let out_file = Output::file(output, &[input])?;
     let src = GgufFile::open(input)?;
     if src.get_u32("escha.format_version")?.is_some() {
         bail!("{} is already an Escha GGUF (escha.format_version is set)", input.display());
@@ -252,8 +243,7 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
         }
     }
 
-    let partial = partial_path(output);
-    let mut out = w.create(&partial)?;
+    let mut out = w.create(out_file.path())?;
     let progress = Progress::start(total_tiles(&actions), opts.show_progress);
     let result = (|| -> anyhow::Result<()> {
         for (t, a) in src.tensors().iter().zip(&actions) {
@@ -273,7 +263,10 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
         Ok(())
     })();
     progress.finish();
-    commit_partial(result, &partial, output)?;
+    result?;
+    // What the loader will check, before the file takes its place.
+    crate::contract::check(&GgufFile::open(out_file.path())?).context("checking the written file")?;
+    out_file.commit()?;
     report.out_bytes = std::fs::metadata(output)?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -317,6 +310,13 @@ impl Report {
         }
         for (name, why) in &self.skipped {
             let _ = writeln!(s, "skipped (copied unchanged): {name}: {why}");
+        }
+        for c in self.coded.iter().filter(|c| c.saturated_channels + c.zeroed_channels > 0) {
+            let _ = writeln!(
+                s,
+                "out of f16 range: {}: {} channels clipped at the largest f16 scale, {} channels too small for any f16 scale coded as zero",
+                c.name, c.saturated_channels, c.zeroed_channels
+            );
         }
         for name in &self.no_importance {
             let _ = writeln!(s, "no imatrix entry (coded without importance): {name}");

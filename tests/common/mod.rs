@@ -10,6 +10,8 @@ use half::f16;
 pub use escha_ggml::testutil::RandomLinear as Problem;
 
 pub mod cli;
+#[cfg(feature = "ggml")]
+pub mod files;
 pub mod shim;
 
 /// The unnormalised 128-point Hadamard on each 128-block, in f64.
