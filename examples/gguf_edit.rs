@@ -8,7 +8,7 @@
 //! ```
 //! `--resize` replaces a tensor by zeros of the same type and a new shape;
 //! `--add` appends a zero tensor (`TYPE`: f32, f16 or i16); `--set` writes
-//! one element of an f32 / f16 tensor (`nan` and `inf` parse).
+//! one element of an f32 / f16 tensor, added ones too (`nan` and `inf` parse).
 use escha_ggml::gguf::{row_bytes, GgmlType, GgufFile, GgufWriter};
 
 fn shape(s: &str) -> Vec<i64> {
@@ -49,39 +49,36 @@ fn main() -> anyhow::Result<()> {
     }
     let mut w = GgufWriter::new();
     w.copy_kv(&src);
-    let mut plan = Vec::new(); // (name, None = copy | Some(bytes of zeros))
+    let mut plan = Vec::new(); // (name, type, None = copy | Some(bytes of zeros))
     for t in src.tensors().iter().filter(|t| !drop.contains(&t.name)) {
         if let Some((_, ne)) = resize.iter().find(|r| r.0 == t.name) {
             w.add_tensor(&t.name, t.ty, ne)?;
             let n = row_bytes(t.ty, ne[0]).expect("whole blocks") * ne[1..].iter().product::<i64>() as usize;
-            plan.push((t.name.clone(), Some(vec![0u8; n])));
+            plan.push((t.name.clone(), t.ty, Some(vec![0u8; n])));
         } else {
             w.add_tensor(&t.name, t.ty, &t.ne[..t.n_dims()])?;
-            plan.push((t.name.clone(), None));
+            plan.push((t.name.clone(), t.ty, None));
         }
     }
     for (name, ty, ne) in &add {
         w.add_tensor(name, *ty, ne)?;
         let n = row_bytes(*ty, ne[0]).expect("whole blocks") * ne[1..].iter().product::<i64>() as usize;
-        plan.push((name.clone(), Some(vec![0u8; n])));
+        plan.push((name.clone(), *ty, Some(vec![0u8; n])));
     }
     let mut out = w.create(&args[1])?;
-    for (name, zeros) in plan {
-        match zeros {
-            Some(z) => out.write_tensor(&name, &z)?,
-            None => {
-                let t = src.tensor(&name).unwrap();
-                let mut bytes = src.read(t)?;
-                for (_, idx, v) in set.iter().filter(|s| s.0 == name) {
-                    match t.ty {
-                        GgmlType::GGML_TYPE_F32 => bytes[4 * idx..4 * idx + 4].copy_from_slice(&v.to_le_bytes()),
-                        GgmlType::GGML_TYPE_F16 => bytes[2 * idx..2 * idx + 2].copy_from_slice(&half::f16::from_f32(*v).to_le_bytes()),
-                        _ => anyhow::bail!("--set: {name} is not f32 or f16"),
-                    }
-                }
-                out.write_tensor(&name, &bytes)?
+    for (name, ty, zeros) in plan {
+        let mut bytes = match zeros {
+            Some(z) => z,
+            None => src.read(src.tensor(&name).unwrap())?,
+        };
+        for (_, idx, v) in set.iter().filter(|s| s.0 == name) {
+            match ty {
+                GgmlType::GGML_TYPE_F32 => bytes[4 * idx..4 * idx + 4].copy_from_slice(&v.to_le_bytes()),
+                GgmlType::GGML_TYPE_F16 => bytes[2 * idx..2 * idx + 2].copy_from_slice(&half::f16::from_f32(*v).to_le_bytes()),
+                _ => anyhow::bail!("--set: {name} is not f32 or f16"),
             }
         }
+        out.write_tensor(&name, &bytes)?
     }
     out.finish()?;
     Ok(())

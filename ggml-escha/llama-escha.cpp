@@ -38,6 +38,7 @@ struct model_state {
     bool apply_bias = true;  // escha.apply_bias, absent = true
     bool creating_bias = false;
     std::set<std::string> arch_biases; // stems whose bias the architecture creates itself
+    std::set<std::string> asked;       // coded stems the architecture asked for (skipped ones too)
 };
 
 std::mutex g_mutex;
@@ -128,8 +129,37 @@ model_state & state_of(const llama_model_base & model, llama_model_loader & ml) 
             ml.use_mmap = false;
         }
     }
+    uint32_t codebook = 0;
+    if (ml.get_key(std::string("escha.codebook"), codebook, false) && codebook != 1) {
+        throw std::runtime_error(format("escha.codebook = %u; only codebook 1 (cbA) is defined", codebook));
+    }
     st.apply_bias = get_bool(ml, "escha.apply_bias", true);
     return st;
+}
+
+// `<stem>.escha_*` tensors of the file whose stem was never loaded as a
+// coded weight: without this, the loader's tensor count fails unnamed.
+void check_orphans(llama_model_loader & ml, const std::set<std::string> & asked) {
+    for (const auto & [name, w] : ml.weights_map) {
+        const size_t dot = name.rfind('.');
+        if (dot == std::string::npos || name.compare(dot + 1, 6, "escha_") != 0) {
+            continue; // ordinary tensors, and the published layout's global tables (checked apart)
+        }
+        const std::string stem = name.substr(0, dot);
+        if (asked.count(stem)) {
+            continue;
+        }
+        const bool has_code = ml.get_tensor_meta((stem + ".escha_code").c_str()) != nullptr;
+        if (ml.get_tensor_meta((stem + ".weight").c_str()) != nullptr) {
+            throw std::runtime_error(format("%s: %s also has an ordinary %s.weight; a coded weight carries %s.escha_code instead of .weight",
+                name.c_str(), stem.c_str(), stem.c_str(), stem.c_str()));
+        }
+        if (!has_code) {
+            throw std::runtime_error(format("%s: escha tensor without %s.escha_code", name.c_str(), stem.c_str()));
+        }
+        throw std::runtime_error(format("%s: architecture %s never asks for %s.weight (no such tensor in this model)",
+            name.c_str(), ml.get_arch_name().c_str(), stem.c_str()));
+    }
 }
 
 } // namespace
@@ -143,6 +173,11 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
         const std::string name = tn.str();
         const std::string stem = name.substr(0, name.size() - strlen(".bias"));
         if (ml.get_tensor_meta((stem + ".escha_code").c_str()) != nullptr) {
+            // The graph adds it to the escha op's F32 output: other types would abort there.
+            const ggml_tensor * b = ml.get_tensor_meta(name.c_str());
+            if (b != nullptr && b->type != GGML_TYPE_F32 && b->type != GGML_TYPE_F16) {
+                throw std::runtime_error(format("%s: type %s, expected f32 (or f16)", name.c_str(), ggml_type_name(b->type)));
+            }
             std::lock_guard<std::mutex> lock(g_mutex);
             model_state & st = state_of(model, ml);
             if (!st.creating_bias) {
@@ -155,14 +190,22 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
         return false;
     }
     const std::string name = tn.str();
-    if (ml.get_tensor_meta(name.c_str()) != nullptr) {
-        return false; // an ordinary weight
-    }
     const std::string stem = name.substr(0, name.size() - strlen(".weight"));
     const std::string code_name = stem + ".escha_code";
     const ggml_tensor * meta = ml.get_tensor_meta(code_name.c_str());
+    if (ml.get_tensor_meta(name.c_str()) != nullptr) {
+        if (meta != nullptr) {
+            throw std::runtime_error(format("%s: has both %s and %s; a coded weight carries %s instead of .weight",
+                stem.c_str(), name.c_str(), code_name.c_str(), code_name.c_str()));
+        }
+        return false; // an ordinary weight
+    }
     if (meta == nullptr) {
         return false;
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        state_of(model, ml).asked.insert(stem);
     }
 
     // Every escha_* tensor of this stem must be one we know.
@@ -244,6 +287,7 @@ void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & m
         std::lock_guard<std::mutex> lock(g_mutex);
         auto st = g_models.find(&model);
         published = st != g_models.end() && st->second.published;
+        check_orphans(ml, st != g_models.end() ? st->second.asked : std::set<std::string>{});
         for (const char * name : k_published_tables) {
             if (!published && ml.get_tensor_meta(name) != nullptr) {
                 throw std::runtime_error(format("%s: a global table of the published layout, but the file has no coded weights "
@@ -400,9 +444,18 @@ void llama_escha_finish_load(llama_model * model) {
     std::vector<const ggml_tensor *> vecs;
     {
         std::lock_guard<std::mutex> lock(g_mutex);
+        // Biases the architecture adds itself to a coded weight's output.
+        if (auto st = g_models.find((const llama_model_base *) model); st != g_models.end()) {
+            for (const std::string & stem : st->second.arch_biases) {
+                const ggml_tensor * b = model->get_tensor((stem + ".bias").c_str());
+                if (b != nullptr && b->buffer != nullptr) {
+                    vecs.push_back(b);
+                }
+            }
+        }
         for (const auto & [code, reg] : g_weights) {
             if (reg.model == model) {
-                for (const ggml_tensor * t : { reg.w.rin, reg.w.rout, reg.w.s_in, reg.w.s_out }) {
+                for (const ggml_tensor * t : { reg.w.rin, reg.w.rout, reg.w.s_in, reg.w.s_out, reg.w.bias }) {
                     if (t != nullptr && t->buffer != nullptr) { // no buffer: a metadata-only pass
                         vecs.push_back(t);
                     }

@@ -41,12 +41,15 @@ const llama_escha_weight * llama_escha_find(const ggml_tensor * w);
 
 // After the architecture has created its tensors, before the loader counts
 // them: creates the `<stem>.bias` of coded weights that the architecture did
-// not ask for (the escha op applies them when escha.apply_bias is true), and
-// accounts for the global tables of the published layout (§8 (a)).
+// not ask for (the escha op applies them when escha.apply_bias is true),
+// accounts for the global tables of the published layout (§8 (a)), and
+// throws, naming the tensor, for a `<stem>.escha_*` tensor that no coded
+// weight the architecture asked for owns.
 void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & ml);
 
 // After the data is loaded: throws, naming the tensor, if a scale vector
-// (rin, rout, s_in, s_out) of the model holds NaN or infinity; for the
+// (rin, rout, s_in, s_out) or a bias of a coded weight (applied by the escha
+// op or by the architecture) holds NaN or infinity; for the
 // published layout (`<arch>.escha.version` = 1), brings its non-contract
 // conventions to upstream's (ssm_a = -exp(A_log), DeltaNet V-head order).
 void llama_escha_finish_load(llama_model * model);
