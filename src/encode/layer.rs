@@ -49,29 +49,53 @@ const RIN_MIN: f64 = 1.0 / 16384.0;
 const RIN_MAX: f64 = 32768.0;
 /// Largest finite f16: `rout` saturates there instead of rounding to inf.
 const F16_MAX: f64 = 65504.0;
+/// Smallest normal f16: a smaller `rout` loses precision (or rounds to 0).
+const F16_MIN_NORMAL: f64 = 1.0 / 16384.0;
 /// Scaled weights are clamped to this before the rotation: only values far
 /// outside the codebook's range (about ±4) reach it, and it keeps every
 /// rotated target and path cost finite.
 const SCALED_CLAMP: f32 = 1e6;
 
-/// Random signs (seeded) on positive magnitudes, rounded to f16 as stored.
-fn signed(mags: &[f64], rng: &mut Rng) -> Vec<f16> {
-    mags.iter().map(|&m| f16::from_f64(if rng.next_u32() & 1 == 0 { m } else { -m })).collect()
+/// f16 of magnitude `m` with the sign drawn for its channel.
+fn signed(m: f32, positive: bool) -> f16 {
+    f16::from_f32(if positive { m } else { -m })
 }
 
 /// Geometric mean of the positive entries (None if there are none).
-fn geometric_mean(v: &[f64]) -> Option<f64> {
-    let (s, n) = v.iter().filter(|&&m| m > 0.0).fold((0f64, 0usize), |(s, n), &m| (s + m.ln(), n + 1));
+fn geometric_mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let (s, n) = v.filter(|&m| m > 0.0).fold((0f64, 0usize), |(s, n), m| (s + m.ln(), n + 1));
     (n > 0).then(|| (s / n as f64).exp())
 }
 
-/// The per-channel scales `rin [IC]`, `rout [OC]` as stored (f16, signed),
-/// and how many channels could not be represented: `(saturated, zeroed)`.
-/// Only the product `rin_i * rout_c` matters, so the magnitudes are balanced
-/// in the log domain around a common centre and kept inside f16's range:
-/// weights of any finite size (1e-20 or 3e38) give finite scales. An
-/// all-zero row gets `rout = 0`, so it decodes to exactly zero.
-fn channel_scales(in_mags: &[f64], w: &[f32], ic: usize, rng: &mut Rng) -> (Vec<f16>, Vec<f16>, usize, usize) {
+/// The per-channel scales `rin [IC]`, `rout [OC]` as stored (f16, signed
+/// at random), and how many channels could not be represented:
+/// `(saturated, zeroed)`. `rin` follows `in_mags`, `rout` each row's RMS
+/// after it over the target spread. Only the product `rin_i * rout_c`
+/// matters, so when that leaves f16's range (weights of 1e-20 or 3e38, a
+/// column far from the others) the magnitudes are balanced in the log
+/// domain around a common centre and clamped: any finite weight gives
+/// finite scales. An all-zero row gets `rout = 0`, so it decodes to exactly
+/// zero; an all-zero column takes the centre of the others.
+fn channel_scales(in_mags: &[f32], w: &[f32], ic: usize, rng: &mut Rng) -> (Vec<f16>, Vec<f16>, usize, usize) {
+    let oc = w.len() / ic;
+    let sign_in: Vec<bool> = (0..ic).map(|_| rng.next_u32() & 1 == 0).collect();
+    let sign_out: Vec<bool> = (0..oc).map(|_| rng.next_u32() & 1 == 0).collect();
+    let centre_in = geometric_mean(in_mags.iter().map(|&m| m as f64)).unwrap_or(1.0);
+    let a: Vec<f32> = in_mags.iter().map(|&m| if m > 0.0 && m.is_finite() { m } else { centre_in as f32 }).collect();
+    let rin: Vec<f16> = a.iter().zip(&sign_in).map(|(&m, &s)| signed(m, s)).collect();
+    let b: Vec<f32> = w
+        .chunks_exact(ic)
+        .map(|row| {
+            let s: f64 = row.iter().zip(&rin).map(|(&v, r)| ((v / r.to_f32().abs()) as f64).powi(2)).sum();
+            ((s / ic as f64).sqrt() as f32) / TARGET_RMS
+        })
+        .collect();
+    let normal = |m: f32, lo: f64, hi: f64| m.is_finite() && (m as f64) >= lo && (m as f64) <= hi;
+    if a.iter().all(|&m| normal(m, RIN_MIN, RIN_MAX)) && b.iter().all(|&m| m == 0.0 || normal(m, F16_MIN_NORMAL, F16_MAX)) {
+        let rout = b.iter().zip(&sign_out).map(|(&m, &s)| if m == 0.0 { f16::ZERO } else { signed(m, s) }).collect();
+        return (rin, rout, 0, 0);
+    }
+    // Out of range somewhere: the same choice in f64, balanced and clamped.
     let row_rms = |rin: &[f64]| -> Vec<f64> {
         w.chunks_exact(ic)
             .map(|row| {
@@ -80,30 +104,29 @@ fn channel_scales(in_mags: &[f64], w: &[f32], ic: usize, rng: &mut Rng) -> (Vec<
             })
             .collect()
     };
-    // Columns that are all zero take any scale: the centre of the others.
-    let centre_in = geometric_mean(in_mags).unwrap_or(1.0);
-    let mut a: Vec<f64> = in_mags.iter().map(|&m| if m > 0.0 && m.is_finite() { m } else { centre_in }).collect();
-    // Move a common factor from the rows to the columns so both centre on
-    // the same magnitude, then keep the columns in range.
-    if let Some(centre_out) = geometric_mean(&row_rms(&a)) {
+    let mut a: Vec<f64> = a.iter().map(|&m| m as f64).collect();
+    if let Some(centre_out) = geometric_mean(row_rms(&a).into_iter()) {
         let alpha = (centre_out / centre_in).sqrt();
         a.iter_mut().for_each(|m| *m *= alpha);
     }
     let mut saturated = a.iter().filter(|&&m| m > RIN_MAX).count();
-    a.iter_mut().for_each(|m| *m = m.clamp(RIN_MIN, RIN_MAX));
-    let rin = signed(&a, rng);
-    let stored: Vec<f64> = rin.iter().map(|v| v.to_f64().abs()).collect();
-    let b = row_rms(&stored);
+    let rin: Vec<f16> = a.iter().zip(&sign_in).map(|(&m, &s)| signed(m.clamp(RIN_MIN, RIN_MAX) as f32, s)).collect();
+    let b = row_rms(&rin.iter().map(|v| v.to_f64().abs()).collect::<Vec<_>>());
     saturated += b.iter().filter(|&&m| m > F16_MAX).count();
-    let mut rout = signed(&b.iter().map(|&m| m.min(F16_MAX)).collect::<Vec<_>>(), rng);
     let mut zeroed = 0;
-    for (r, &m) in rout.iter_mut().zip(&b) {
-        if r.to_f32() == 0.0 {
+    let rout = b
+        .iter()
+        .zip(&sign_out)
+        .map(|(&m, &s)| {
+            let r = signed(m.min(F16_MAX) as f32, s);
+            if r.to_f32() != 0.0 {
+                return r;
+            }
             // Below f16's smallest value (or a zero row): a pruned channel.
             zeroed += usize::from(m > 0.0);
-            *r = f16::ZERO;
-        }
-    }
+            f16::ZERO
+        })
+        .collect();
     (rin, rout, saturated, zeroed)
 }
 
@@ -113,9 +136,9 @@ fn rotated(w: &[f32], ic: usize, oc: usize, rin: &[f16], rout: &[f16]) -> Vec<f3
     // Scaled weight, rows = outputs; H on the input side (within each row).
     let mut m: Vec<f32> = Vec::with_capacity(oc * ic);
     for c in 0..oc {
-        let ro = rout[c].to_f64();
+        let ro = rout[c].to_f32();
         for i in 0..ic {
-            let v = if ro == 0.0 { 0.0 } else { (w[c * ic + i] as f64 / (ro * rin[i].to_f64())) as f32 };
+            let v = if ro == 0.0 { 0.0 } else { w[c * ic + i] / (ro * rin[i].to_f32()) };
             m.push(v.clamp(-SCALED_CLAMP, SCALED_CLAMP));
         }
     }
@@ -191,14 +214,14 @@ impl LayerOptions<'_> {
 /// that is smallest for `rin_i^2 ~ |W_.i| / sqrt(imp_i)`, i.e.
 /// `rin_i = sqrt(colrms_i) * imp_i^(-1/4)` (uniform importance without an
 /// imatrix).
-fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<&[f32]>) -> crate::Result<Vec<f64>> {
+fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<&[f32]>) -> crate::Result<Vec<f32>> {
     let mut sq = vec![0f64; ic];
     for row in w.chunks_exact(ic) {
         for (s, &v) in sq.iter_mut().zip(row) {
             *s += (v as f64) * (v as f64);
         }
     }
-    let mut mags: Vec<f64> = sq.iter().map(|&s| (s / oc as f64).sqrt().sqrt()).collect();
+    let mut mags: Vec<f32> = sq.iter().map(|&s| ((s / oc as f64).sqrt().sqrt()) as f32).collect();
     if let Some(imp) = importance {
         crate::validate::check_len(name, "importance", imp.len(), ic)?;
         crate::validate::check_finite(name, "importance", imp.iter().copied())?;
@@ -210,7 +233,7 @@ fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<
             // Channels never seen active get the floor, not an infinite scale.
             for (m, &v) in mags.iter_mut().zip(imp) {
                 let rel = (v as f64 / mean).max(1e-4);
-                *m *= rel.powf(-0.25);
+                *m = (*m as f64 * rel.powf(-0.25)) as f32;
             }
         }
     }
