@@ -127,6 +127,16 @@ impl GgufFile {
         let mut f = Self { ctx, path, file, tensors: Vec::new() };
         // SAFETY: ids in [0, n) of a live context.
         unsafe {
+            // ggml's parser accepts an empty key, but copying it
+            // (gguf_set_kv) aborts: refuse the file here instead.
+            let mut keys = std::collections::HashSet::new();
+            for id in 0..sys::gguf_get_n_kv(ctx) {
+                let key = CStr::from_ptr(sys::gguf_get_key(ctx, id)).to_bytes();
+                if key.is_empty() || !keys.insert(key) {
+                    let what = if key.is_empty() { "an empty" } else { "a repeated" };
+                    return Err(GgufError::Key { key: String::from_utf8_lossy(key).into_owned(), detail: format!("{shown}: key {id} is {what} key") });
+                }
+            }
             let base = sys::gguf_get_data_offset(ctx) as u64;
             for id in 0..sys::gguf_get_n_tensors(ctx) {
                 let name = CStr::from_ptr(sys::gguf_get_tensor_name(ctx, id)).to_string_lossy().into_owned();

@@ -358,3 +358,20 @@ fn quantize_checks_its_output_before_it_takes_its_place() {
     refused(&escha(&["quantize", &input, &output, "--no-progress"]), "blk.0.attn_q.bias", &output);
     assert!(!exists(&output));
 }
+
+#[test]
+fn a_gguf_with_an_empty_key_is_a_named_error() {
+    // ggml's parser takes a key whose first byte is NUL; copying it would abort.
+    let d = TempDir::new("emptykey");
+    let x = escha_gguf(&d, "x");
+    let mut bytes = std::fs::read(&x).unwrap();
+    let at = bytes.windows(12).position(|w| w == b"general.name").expect("a key to break");
+    bytes[at] = 0;
+    let bad = d.file("bad.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    let out = d.file("out.gguf");
+    let o = escha(&["decode", &bad, &out]);
+    refused(&o, "empty key", &out);
+    assert!(o.stderr.contains("bad.gguf"), "{}", o.stderr);
+    assert!(!exists(&out));
+}
