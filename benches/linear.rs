@@ -12,7 +12,7 @@ use std::time::Duration;
 
 fn bench(c: &mut Criterion) {
     let kernel = Kernel::best();
-    let mut g = c.benchmark_group(format!("escha_linear_{}", kernel.isa.name()));
+    let mut g = c.benchmark_group(format!("escha_linear_{}", kernel.isa().name()));
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for (k, ic, oc) in [(2usize, 5120usize, 17408usize), (3, 17408, 5120)] {
         let mut rng = Rng::new(1);

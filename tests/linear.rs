@@ -300,3 +300,18 @@ fn non_finite_scales_are_rejected() {
     assert!(matches!(e, EschaError::NonFinite { what: "rout", index: 7, .. }), "{e}");
     assert!(e.to_string().contains("test"), "error must name the tensor: {e}");
 }
+
+#[test]
+fn a_path_the_cpu_lacks_cannot_be_selected() {
+    use escha_ggml::cpu::{Isa, Kernel};
+    for isa in Isa::ALL {
+        assert_eq!(Kernel::with_isa(isa).is_some(), isa.available(), "{}", isa.name());
+    }
+    // The other architecture's SIMD path is never available here, however asked for.
+    let foreign = if cfg!(target_arch = "x86_64") { [Isa::Neon] } else { [Isa::Avx2] };
+    for isa in foreign {
+        assert!(!isa.available() && Kernel::with_isa(isa).is_none(), "{}", isa.name());
+    }
+    assert!(Kernel::best().isa().available());
+    // Constructing one by hand does not compile: the compile_fail example on `Kernel`.
+}

@@ -478,7 +478,7 @@ fn cmd_linear(a: &Args) -> Result<ExitCode> {
             };
             // The kernels return f32 holding f16 values: the conversion is exact.
             let y = CpuLinear::new(&lin, kernel)?.forward(&x, m)?;
-            (format!("cpu/{}", kernel.isa.name()), y.into_iter().map(f16::from_f32).collect())
+            (format!("cpu/{}", kernel.isa().name()), y.into_iter().map(f16::from_f32).collect())
         }
     };
     let yes_no = |v: &Option<Vec<f32>>| if v.is_some() { "yes" } else { "no" };

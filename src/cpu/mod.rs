@@ -205,13 +205,25 @@ pub fn scratch_floats(m: usize) -> usize {
     m * BLOCK_COLS + batch::DECODED_FLOATS
 }
 
-/// A dispatching handle over one ISA path.
+/// A dispatching handle over one ISA path. It can only be made by
+/// [`Kernel::best`] or [`Kernel::with_isa`], which check the CPU, so safe
+/// code never reaches a `#[target_feature]` path this machine lacks:
+///
+/// ```compile_fail
+/// use escha_ggml::cpu::{Isa, Kernel};
+/// let k = Kernel { isa: Isa::Avx512 }; // private field: does not compile
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel {
-    pub isa: Isa,
+    isa: Isa,
 }
 
 impl Kernel {
+    /// The path this handle runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
     /// The best path of this machine.
     pub fn best() -> Self {
         Kernel { isa: Isa::detect() }
