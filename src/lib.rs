@@ -9,6 +9,10 @@
 //! - [`contract`]: the GGUF tensor contract, checked as llama.cpp's loader does;
 //! - [`cpu`]: fast decode-and-multiply kernels (runtime SIMD dispatch);
 //! - [`cref`]: the C reference in `ggml-escha/`, linked for cross-checks;
+//! - [`encode`]: the encoder (Viterbi over the trellis, per-channel scales);
+//! - [`quantize`]: `escha quantize` / `escha decode` on GGUFs and HF checkpoints;
+//! - [`ggml`]: safe bindings to build and compute graphs with the escha ops;
+//! - [`gguf`], [`safetensors`]: readers and streaming writers of both formats;
 //! - [`rawio`]: the raw little-endian golden-file convention of the CLI;
 //! - [`output`]: outputs written beside their target and renamed when complete.
 //!
