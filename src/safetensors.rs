@@ -2,6 +2,7 @@
 //! directory and a streaming writer (8-byte little-endian header length,
 //! JSON header with `dtype`, `shape`, `data_offsets`, then the data).
 
+use crate::validate::{Leaf, LeafDtype};
 use half::{bf16, f16};
 use serde_json::{json, Map, Value};
 use std::fs::File;
@@ -97,6 +98,25 @@ impl StTensor {
         let mut b = vec![0u8; self.size];
         f.read_exact(&mut b).map_err(|e| bad(&self.file, format!("tensor {}: {e}", self.name)))?;
         Ok(b)
+    }
+
+    /// What the leaf contract (`validate::validate_leaves`) needs of this
+    /// tensor: dtype, shape and, for `escha_config`, its int32 values.
+    pub fn leaf(&self) -> anyhow::Result<Leaf> {
+        let dtype = match self.dtype.as_str() {
+            "I16" => LeafDtype::I16,
+            "F16" => LeafDtype::F16,
+            "F32" => LeafDtype::F32,
+            "I32" => LeafDtype::I32,
+            _ => LeafDtype::Other,
+        };
+        let ints = match dtype {
+            LeafDtype::I32 if self.name.ends_with(".escha_config") => {
+                Some(self.read()?.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect())
+            }
+            _ => None,
+        };
+        Ok(Leaf { dtype, shape: self.shape.iter().map(|&d| i64::try_from(d).unwrap_or(-1)).collect(), ints })
     }
 
     pub fn convertible(&self) -> bool {

@@ -140,6 +140,13 @@ pub fn check_finite(tensor: &str, what: &'static str, v: impl IntoIterator<Item 
     Ok(())
 }
 
+/// `v` itself when every value is finite ([`check_finite`] on a whole
+/// tensor read from a file).
+pub fn finite(tensor: &str, v: Vec<f32>) -> Result<Vec<f32>> {
+    check_finite(tensor, "value", v.iter().copied())?;
+    Ok(v)
+}
+
 // ---------------------------------------------------------------------------
 // Checkpoint leaf contract
 // ---------------------------------------------------------------------------

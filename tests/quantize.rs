@@ -192,7 +192,7 @@ fn quantize_patterns_and_imatrix() {
 #[test]
 fn quantize_writes_an_escha_hf_checkpoint() {
     use escha_ggml::safetensors::read_header;
-    use escha_ggml::validate::{validate_leaves, Leaf, LeafDtype};
+    use escha_ggml::validate::validate_leaves;
     use std::collections::BTreeMap;
     let d = TempDir::new("quanthf");
     let mut rng = Rng::new(17);
@@ -246,13 +246,6 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let mut decoded = Vec::new(); // (prefix, effective weights) for the decode check below
     // Each coded prefix passes the crate's own leaf validation and decodes
     // back to its source weight.
-    let dt = |s: &str| match s {
-        "I16" => LeafDtype::I16,
-        "F16" => LeafDtype::F16,
-        "F32" => LeafDtype::F32,
-        "I32" => LeafDtype::I32,
-        _ => LeafDtype::Other,
-    };
     for (prefix, k, ic, oc, e, want) in [
         ("model.layers.0.self_attn.q_proj", 2usize, 128usize, 256usize, 1usize, via_f16(&q)),
         ("model.layers.0.mlp.down_proj", 3, 256, 128, 1, down.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()),
@@ -261,9 +254,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
         assert!(tensors.iter().all(|t| t.name != format!("{prefix}.weight") && t.name != prefix), "{prefix}: source leaf must be gone");
         let mut leaves = BTreeMap::new();
         for leaf in ["escha_code", "escha_rin", "escha_rout", "escha_config"] {
-            let t = get(&format!("{prefix}.{leaf}"));
-            let ints = (leaf == "escha_config").then(|| t.read().unwrap().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect());
-            leaves.insert(leaf.to_string(), Leaf { dtype: dt(&t.dtype), shape: t.shape.iter().map(|&n| n as i64).collect(), ints });
+            leaves.insert(leaf.to_string(), get(&format!("{prefix}.{leaf}")).leaf().unwrap());
         }
         let v = validate_leaves(prefix, &leaves).unwrap_or_else(|err| panic!("{prefix}: {err}"));
         assert_eq!((v.shape.k, v.shape.ic, v.shape.oc, v.experts.unwrap_or(1)), (k, ic, oc, e), "{prefix}");

@@ -24,10 +24,10 @@
 pub mod cases;
 
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
-use crate::validate::{check_finite, LinearShape};
+use crate::validate::{finite, LinearShape};
 use anyhow::{bail, Result};
 use half::f16;
-use std::collections::BTreeMap;
+use std::collections::HashSet;
 
 /// The `S.escha_*` leaves the loader knows.
 pub const GGUF_LEAVES: [&str; 5] = ["escha_code", "escha_rin", "escha_rout", "escha_s_in", "escha_s_out"];
@@ -81,7 +81,7 @@ fn expect(t: &TensorInfo, types: &[GgmlType], ne: [i64; 4]) -> Result<()> {
 /// leaf names) and returns the coded weights in file order.
 pub fn coded_weights(src: &GgufFile) -> Result<Vec<CodedGguf<'_>>> {
     check_keys(src)?;
-    let mut stems: BTreeMap<&str, ()> = BTreeMap::new();
+    let mut seen = HashSet::new();
     let mut order = Vec::new();
     for t in src.tensors() {
         if t.name.starts_with("escha_") {
@@ -91,7 +91,7 @@ pub fn coded_weights(src: &GgufFile) -> Result<Vec<CodedGguf<'_>>> {
             if !GGUF_LEAVES.contains(&leaf) {
                 bail!("{}: unknown escha tensor (a newer format feature? refusing to guess)", t.name);
             }
-            if stems.insert(stem, ()).is_none() {
+            if seen.insert(stem) {
                 order.push(stem);
             }
         }
@@ -154,11 +154,7 @@ impl CodedGguf<'_> {
     /// Reads the vectors and checks that each is finite (the loader's check
     /// after loading), naming the tensor and index; `code` is left empty.
     pub fn read_vectors(&self, src: &GgufFile) -> Result<CodedData> {
-        let vector = |t: &TensorInfo| -> Result<Vec<f32>> {
-            let v = src.read_f32(t)?;
-            check_finite(&t.name, "value", v.iter().copied())?;
-            Ok(v)
-        };
+        let vector = |t: &TensorInfo| -> Result<Vec<f32>> { Ok(finite(&t.name, src.read_f32(t)?)?) };
         let halves = |t: &TensorInfo| -> Result<Vec<f16>> { Ok(vector(t)?.into_iter().map(f16::from_f32).collect()) };
         Ok(CodedData {
             code: Vec::new(),

@@ -8,7 +8,7 @@ use crate::encode::effective_weight;
 use crate::gguf::{GgmlType, GgufFile, GgufWriter};
 use crate::output::Output;
 use crate::safetensors::{read_header, StTensor, StWriter};
-use crate::validate::{check_finite, validate_leaves, CodedLeaves, Leaf, LeafDtype, LinearShape};
+use crate::validate::{finite, validate_leaves, CodedLeaves, LinearShape};
 use anyhow::{bail, Context};
 use half::f16;
 use serde_json::Value;
@@ -158,7 +158,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
         let mut leaves = BTreeMap::new();
         for (name, l) in by_name.iter().filter_map(|(n, l)| n.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')).map(|r| (r, l))) {
             if name.starts_with("escha_") || name == "bias" {
-                leaves.insert(name.to_string(), leaf_of(l)?);
+                leaves.insert(name.to_string(), l.leaf()?);
             }
         }
         let c = validate_leaves(prefix, &leaves)?;
@@ -203,11 +203,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 let c = &coded[prefix];
                 let leaf = |l: &str| get(&format!("{prefix}.{l}"));
                 // Finite vectors, as the loader requires of the GGUF.
-                let vector = |t: &StTensor| -> anyhow::Result<Vec<f32>> {
-                    let v = t.read_f32()?;
-                    check_finite(&t.name, "value", v.iter().copied())?;
-                    Ok(v)
-                };
+                let vector = |t: &StTensor| -> anyhow::Result<Vec<f32>> { Ok(finite(&t.name, t.read_f32()?)?) };
                 let halves = |l: &str| -> anyhow::Result<Vec<f16>> { Ok(leaf(l).map(vector).transpose()?.unwrap_or_default().into_iter().map(f16::from_f32).collect()) };
                 let code: Vec<i16> = t.read()?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
                 let (s_in, s_out) = (leaf("escha_s_in").map(vector).transpose()?, leaf("escha_s_out").map(vector).transpose()?);
@@ -231,8 +227,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 let stem = t.name.strip_suffix(".weight_int8").unwrap_or_default();
                 let st = get(&format!("{stem}.weight_scale")).with_context(|| format!("{stem}: weight_scale is missing"))?;
                 let cols = int8_shape(stem, t, Some(st))?;
-                let scale: Vec<f32> = st.read()?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
-                check_finite(&st.name, "value", scale.iter().copied())?;
+                let scale = finite(&st.name, st.read()?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect())?;
                 let q = t.read()?;
                 let wts: Vec<f32> = q.iter().enumerate().map(|(i, &b)| (b as i8) as f32 * scale[i / cols]).collect();
                 out.write(&format!("{stem}.weight"), bytemuck::cast_slice(&wts))?;
@@ -249,25 +244,6 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     super::hf::copy_side_files(&files, out_dir.path())?;
     out_dir.commit()?;
     Ok(n)
-}
-
-/// What the leaf contract needs of a safetensors tensor (`escha_config`'s
-/// values included).
-fn leaf_of(t: &StTensor) -> anyhow::Result<Leaf> {
-    let dtype = match t.dtype.as_str() {
-        "I16" => LeafDtype::I16,
-        "F16" => LeafDtype::F16,
-        "F32" => LeafDtype::F32,
-        "I32" => LeafDtype::I32,
-        _ => LeafDtype::Other,
-    };
-    let ints = match dtype {
-        LeafDtype::I32 if t.name.ends_with(".escha_config") => {
-            Some(t.read()?.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect())
-        }
-        _ => None,
-    };
-    Ok(Leaf { dtype, shape: t.shape.iter().map(|&d| i64::try_from(d).unwrap_or(-1)).collect(), ints })
 }
 
 /// An int8 pair: I8 rows `[N, IC]` (N, IC positive) and F16 scales, one per
