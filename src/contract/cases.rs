@@ -121,7 +121,7 @@ pub fn write(src: &GgufFile, stem: &str, case: &Case, out: &Path) -> Result<()> 
                 let len = if leaf == "escha_s_in" { ic } else { oc };
                 tensors.push((n.clone(), GgmlType::GGML_TYPE_F32, dims(len), f32_bytes(&vec![1.0; (len * e) as usize])));
             }
-            let i = find(&tensors, &n).unwrap_or_default();
+            let i = find(&tensors, &n).context("added above")?;
             let t = &mut tensors[i];
             match t.1 {
                 GgmlType::GGML_TYPE_F32 => t.3[12..16].copy_from_slice(&value.to_le_bytes()),
@@ -150,7 +150,7 @@ pub fn write(src: &GgufFile, stem: &str, case: &Case, out: &Path) -> Result<()> 
         }
         Edit::NoCode => tensors.retain(|t| t.0 != code.name),
         Edit::CodeF16 => {
-            let i = find(&tensors, &code.name).unwrap_or_default();
+            let i = find(&tensors, &code.name).context("no code")?;
             tensors[i].1 = GgmlType::GGML_TYPE_F16;
         }
         Edit::BiasI16 => {

@@ -169,22 +169,22 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     }
     let mut w = StWriter::default();
     w.metadata("format", "pt");
-    enum Out {
-        Code,
-        Int8,
+    /// What each output tensor is, with what its writing needs.
+    enum Out<'t> {
+        Code { prefix: &'t str, leaves: &'t CodedLeaves },
+        Int8 { stem: &'t str, scale: &'t StTensor, cols: usize },
         Copy,
     }
     let mut plan: Vec<(&StTensor, Out)> = Vec::new(); // in output order
     for t in &tensors {
-        if let Some(c) = t.name.strip_suffix(".escha_code").and_then(|p| coded.get(p)) {
-            let prefix = t.name.strip_suffix(".escha_code").unwrap_or_default();
-            let lead: Vec<usize> = c.experts.into_iter().collect();
-            w.add(&format!("{prefix}.weight"), "F32", &[lead.as_slice(), &[c.shape.oc, c.shape.ic]].concat())?;
-            plan.push((t, Out::Code));
+        if let Some((prefix, leaves)) = t.name.strip_suffix(".escha_code").and_then(|p| coded.get(p).map(|c| (p, c))) {
+            let lead: Vec<usize> = leaves.experts.into_iter().collect();
+            w.add(&format!("{prefix}.weight"), "F32", &[lead.as_slice(), &[leaves.shape.oc, leaves.shape.ic]].concat())?;
+            plan.push((t, Out::Code { prefix, leaves }));
         } else if let Some(stem) = t.name.strip_suffix(".weight_int8") {
-            int8_shape(stem, t, get(&format!("{stem}.weight_scale")))?;
+            let (scale, cols) = int8_pair(stem, t, get(&format!("{stem}.weight_scale")))?;
             w.add(&format!("{stem}.weight"), "F32", &t.shape)?;
-            plan.push((t, Out::Int8));
+            plan.push((t, Out::Int8 { stem, scale, cols }));
         } else if let Some(stem) = t.name.strip_suffix(".weight_scale") {
             if get(&format!("{stem}.weight_int8")).is_none() {
                 bail!("{}: a row scale without {stem}.weight_int8", t.name);
@@ -198,13 +198,14 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     let mut n = 0;
     for (t, what) in plan {
         match what {
-            Out::Code => {
-                let prefix = t.name.strip_suffix(".escha_code").unwrap_or_default();
-                let c = &coded[prefix];
+            Out::Code { prefix, leaves: c } => {
                 let leaf = |l: &str| get(&format!("{prefix}.{l}"));
                 // Finite vectors, as the loader requires of the GGUF.
                 let vector = |t: &StTensor| -> anyhow::Result<Vec<f32>> { Ok(finite(&t.name, t.read_f32()?)?) };
-                let halves = |l: &str| -> anyhow::Result<Vec<f16>> { Ok(leaf(l).map(vector).transpose()?.unwrap_or_default().into_iter().map(f16::from_f32).collect()) };
+                let halves = |l: &str| -> anyhow::Result<Vec<f16>> {
+                    let t = leaf(l).with_context(|| format!("{prefix}: required leaf {l} is missing"))?;
+                    Ok(vector(t)?.into_iter().map(f16::from_f32).collect())
+                };
                 let code: Vec<i16> = t.read()?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
                 let (s_in, s_out) = (leaf("escha_s_in").map(vector).transpose()?, leaf("escha_s_out").map(vector).transpose()?);
                 leaf("bias").map(vector).transpose()?;
@@ -223,10 +224,7 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
                 out.write(&format!("{prefix}.weight"), bytemuck::cast_slice(&coded.effective_weights()?))?;
                 n += 1;
             }
-            Out::Int8 => {
-                let stem = t.name.strip_suffix(".weight_int8").unwrap_or_default();
-                let st = get(&format!("{stem}.weight_scale")).with_context(|| format!("{stem}: weight_scale is missing"))?;
-                let cols = int8_shape(stem, t, Some(st))?;
+            Out::Int8 { stem, scale: st, cols } => {
                 let scale = finite(&st.name, st.read()?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect())?;
                 let q = t.read()?;
                 let wts: Vec<f32> = q.iter().enumerate().map(|(i, &b)| (b as i8) as f32 * scale[i / cols]).collect();
@@ -247,11 +245,11 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
 }
 
 /// An int8 pair: I8 rows `[N, IC]` (N, IC positive) and F16 scales, one per
-/// row. Returns IC.
-fn int8_shape(stem: &str, q: &StTensor, scale: Option<&StTensor>) -> anyhow::Result<usize> {
+/// row. Returns the scales and IC.
+fn int8_pair<'a>(stem: &str, q: &StTensor, scale: Option<&'a StTensor>) -> anyhow::Result<(&'a StTensor, usize)> {
     let Some(st) = scale else { bail!("{stem}: {stem}.weight_int8 without {stem}.weight_scale") };
     match (q.dtype.as_str(), q.shape.as_slice(), st.dtype.as_str()) {
-        ("I8", &[rows, cols], "F16") if rows > 0 && cols > 0 && st.shape.iter().product::<usize>() == rows && st.shape.len() <= 2 => Ok(cols),
+        ("I8", &[rows, cols], "F16") if rows > 0 && cols > 0 && st.shape.iter().product::<usize>() == rows && st.shape.len() <= 2 => Ok((st, cols)),
         _ => bail!(
             "{stem}: weight_int8 {} {:?} with weight_scale {} {:?}; expected I8 [N, IC] rows (N, IC > 0) and F16 [N] scales",
             q.dtype,
