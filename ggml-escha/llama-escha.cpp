@@ -137,6 +137,14 @@ model_state & state_of(const llama_model_base & model, llama_model_loader & ml) 
     return st;
 }
 
+// A coded weight's bias is added to an F32 output (by the escha op or the
+// architecture's graph): any type but F32 / F16 would abort there.
+void check_bias_type(const ggml_tensor * b) {
+    if (b != nullptr && b->type != GGML_TYPE_F32 && b->type != GGML_TYPE_F16) {
+        throw std::runtime_error(format("%s: type %s, expected f32 (or f16)", ggml_get_name(b), ggml_type_name(b->type)));
+    }
+}
+
 // `<stem>.escha_*` tensors of the file whose stem was never loaded as a
 // coded weight: without this, the loader's tensor count fails unnamed.
 void check_orphans(llama_model_loader & ml, const std::set<std::string> & asked) {
@@ -149,12 +157,11 @@ void check_orphans(llama_model_loader & ml, const std::set<std::string> & asked)
         if (asked.count(stem)) {
             continue;
         }
-        const bool has_code = ml.get_tensor_meta((stem + ".escha_code").c_str()) != nullptr;
         if (ml.get_tensor_meta((stem + ".weight").c_str()) != nullptr) {
             throw std::runtime_error(format("%s: %s also has an ordinary %s.weight; a coded weight carries %s.escha_code instead of .weight",
                 name.c_str(), stem.c_str(), stem.c_str(), stem.c_str()));
         }
-        if (!has_code) {
+        if (ml.get_tensor_meta((stem + ".escha_code").c_str()) == nullptr) {
             throw std::runtime_error(format("%s: escha tensor without %s.escha_code", name.c_str(), stem.c_str()));
         }
         throw std::runtime_error(format("%s: architecture %s never asks for %s.weight (no such tensor in this model)",
@@ -173,11 +180,7 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
         const std::string name = tn.str();
         const std::string stem = name.substr(0, name.size() - strlen(".bias"));
         if (ml.get_tensor_meta((stem + ".escha_code").c_str()) != nullptr) {
-            // The graph adds it to the escha op's F32 output: other types would abort there.
-            const ggml_tensor * b = ml.get_tensor_meta(name.c_str());
-            if (b != nullptr && b->type != GGML_TYPE_F32 && b->type != GGML_TYPE_F16) {
-                throw std::runtime_error(format("%s: type %s, expected f32 (or f16)", name.c_str(), ggml_type_name(b->type)));
-            }
+            check_bias_type(ml.get_tensor_meta(name.c_str()));
             std::lock_guard<std::mutex> lock(g_mutex);
             model_state & st = state_of(model, ml);
             if (!st.creating_bias) {
@@ -310,9 +313,7 @@ void llama_escha_finish_tensors(llama_model_base & model, llama_model_loader & m
         const LLM_TN_IMPL tn(reg->arch, reg->tensor, "bias", reg->bid, reg->xid);
         ggml_tensor * b = reg->n_exp > 0 ? model.create_tensor(ml, tn, { reg->oc, reg->n_exp }, reg->flags)
                                          : model.create_tensor(ml, tn, { reg->oc }, reg->flags);
-        if (b != nullptr && b->type != GGML_TYPE_F32 && b->type != GGML_TYPE_F16) {
-            throw std::runtime_error(format("%s: type %s, expected f32 (or f16)", ggml_get_name(b), ggml_type_name(b->type)));
-        }
+        check_bias_type(b);
         std::lock_guard<std::mutex> lock(g_mutex);
         reg->w.bias = apply_bias ? b : nullptr; // created either way: every file tensor must be
     }
