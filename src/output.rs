@@ -28,7 +28,7 @@ pub struct Output {
 }
 
 /// `path` with `.partial` appended to its file name.
-pub fn partial_path(path: &Path) -> PathBuf {
+fn partial_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".partial");
     p.into()
@@ -111,7 +111,7 @@ impl Output {
     pub fn dir(output: &Path, inputs: &[&Path]) -> Result<Self> {
         if let Ok(m) = std::fs::symlink_metadata(output) {
             not_an_input("output", output, inputs)?;
-            bail!("output {} already exists ({}); give a new directory", output.display(), if m.is_dir() { "a directory" } else { kind(&m) });
+            bail!("output {} already exists ({}); give a new directory", output.display(), kind(&m));
         }
         parent_exists(output)?;
         let partial = partial_path(output);
@@ -120,7 +120,7 @@ impl Output {
             bail!(
                 "{} already exists ({}; left by an interrupted run?): remove it first",
                 partial.display(),
-                if m.is_dir() { "a directory" } else { kind(&m) }
+                kind(&m)
             );
         }
         std::fs::create_dir(&partial).with_context(|| format!("creating {}", partial.display()))?;
@@ -130,11 +130,6 @@ impl Output {
     /// Where to write until the output is complete.
     pub fn path(&self) -> &Path {
         &self.partial
-    }
-
-    /// The final location.
-    pub fn target(&self) -> &Path {
-        &self.target
     }
 
     /// Moves the complete output into place.
