@@ -6,6 +6,8 @@
 // three stages and the tile order.
 #pragma once
 
+#include "escha-format.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -13,7 +15,7 @@
 #define ESCHA_HAVE_MMA 1
 #endif
 
-static constexpr float ESCHA_RS_F   = 0.088388347648f; // f32(1/sqrt(128)), bits 0x3DB504F3
+static constexpr float ESCHA_RS_F   = ESCHA_RS;        // f32(1/sqrt(128)) (escha-format.h)
 static constexpr int   ESCHA_LANES  = 32;              // logical warp width
 static constexpr int   ESCHA_WARPS  = 4;               // logical warps per block
 static constexpr int   ESCHA_THREADS = ESCHA_LANES * ESCHA_WARPS;
@@ -150,7 +152,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
             if (v.bias) {
                 y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
             }
-            dst[r * OC + o0 + q] = bad ? __uint_as_float(0x7FC00000u) : __half2float(y);
+            dst[r * OC + o0 + q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(y);
         }
     }
 }
@@ -206,8 +208,8 @@ static void escha_consts_fill(escha_consts & c) {
     for (int i = 0; i < 32; i++) {
         c.m[i] = 1u << i;
     }
-    c.mask = 0x8FFF8FFFu;
-    c.xr   = 0x3B603B60u;
+    c.mask = ESCHA_CBA_MASK;
+    c.xr   = ESCHA_CBA_XOR;
 }
 
 // Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
@@ -231,11 +233,11 @@ static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<
     // constants, so plain shifts and immediates.
     GGML_UNUSED(c);
     auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };
-    constexpr uint32_t mask = 0x8FFF8FFFu, xr = 0x3B603B60u;
+    constexpr uint32_t mask = ESCHA_CBA_MASK, xr = ESCHA_CBA_XOR;
 #else
     auto cut = [&c](const uint32_t w, const int sh) -> uint32_t { return (w * c.m[sh]) >> 16; };
-    const uint32_t mask = REG_LOP ? c.mask : 0x8FFF8FFFu;
-    const uint32_t xr   = REG_LOP ? c.xr   : 0x3B603B60u;
+    const uint32_t mask = REG_LOP ? c.mask : ESCHA_CBA_MASK;
+    const uint32_t xr   = REG_LOP ? c.xr   : ESCHA_CBA_XOR;
 #endif
     const uint32_t hi = __funnelshift_l(lw.t[1], lw.t[0], off); // window bits [0, 32)
     uint32_t w2 = 0;
@@ -248,7 +250,7 @@ static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<
     for (int j = 0; j < 8; j++) {
         const int sh = j * K; // value j's state: window bits [sh, sh + 16)
         const uint32_t s = sh == 0 ? hi >> 16 : (sh + 16 <= 32 ? cut(hi, sh) : cut(w2, sh - 16));
-        r[j] = ((s * 0xCBAC1FEDu) & mask) ^ xr;
+        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;
     }
 #pragma unroll
     for (int q = 0; q < 4; q++) {

@@ -28,45 +28,30 @@
 #include "escha.cuh"
 #include "mmid.cuh"
 #include "escha-kernels.cuh"
+#include "escha-op.h"
+#include "escha-plan.h"
 
 #include <cstdlib>
 
 // ---- host side ---------------------------------------------------------------
 
-bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
-    const bool moe = op->op == GGML_OP_ESCHA_MOE;
-    const ggml_tensor * code = op->src[0];
-    const ggml_tensor * x    = op->src[1];
-    const int first = moe ? 3 : 2;
-    if (code == nullptr || x == nullptr || op->src[first] == nullptr || op->src[first + 1] == nullptr) {
-        return false;
+// The node as these kernels take it: the common description
+// (escha-op.h), plus contiguous ids rows.
+static const char * escha_cuda_parse(const ggml_tensor * node, escha_op * op, char * err, size_t n_err) {
+    if (escha_op_parse(node, op, err, n_err) != nullptr) {
+        return err;
     }
-    if (code->type != GGML_TYPE_I16 || !ggml_is_contiguous(code) || (code->ne[0] != 32 && code->ne[0] != 48)) {
-        return false;
+    if (op->moe && op->ids->nb[0] != sizeof(int32_t)) {
+        snprintf(err, n_err, "ids (%s) elements must be contiguous", op->ids->name);
+        return err;
     }
-    if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) {
-        return false;
-    }
-    if (moe && (op->src[2]->type != GGML_TYPE_I32 || op->src[2]->nb[0] != sizeof(int32_t))) {
-        return false;
-    }
-    for (int i = first; i < first + 2; i++) {
-        if (op->src[i]->type != GGML_TYPE_F16 || !ggml_is_contiguous(op->src[i])) {
-            return false;
-        }
-    }
-    for (int i = first + 2; i < first + 5; i++) {
-        if (op->src[i] && (op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i]))) {
-            return false;
-        }
-    }
-    return true;
+    return nullptr;
 }
 
-// Elements per expert of an optional per-channel operand: 0 when one vector
-// is shared by all experts (or the operand is absent).
-static int64_t escha_expert_stride(const ggml_tensor * t) {
-    return t == nullptr || ggml_nrows(t) == 1 ? 0 : t->ne[0];
+bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
+    escha_op parsed;
+    char err[256];
+    return escha_cuda_parse(op, &parsed, err, sizeof err) == nullptr;
 }
 
 // Launches a decode-and-multiply kernel over n_z groups, of which about
@@ -105,18 +90,36 @@ static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const 
     escha_launch(escha_gemv_kernel<K, NTW, NB>, per_sm, a, n_z, z_busy, nsm, stream);
 }
 
-// Runs the three stages for n_rows op rows. moe: ids given (mode 1 or 2).
-static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const escha_rows & rows, const int64_t n_rows,
-                          const escha_vecs & v, const int64_t n_expert, const int64_t n_tokens) {
-    const ggml_tensor * code = dst->src[0];
-    const int K  = ggml_get_op_params_i32(dst, 0);
-    const int IC = (int) (code->ne[2] * 16);
-    const int OC = (int) (code->ne[1] * 16);
+// Runs the three stages of a parsed op by its plan (escha-plan.h).
+static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) {
+    const int K  = op.k;
+    const int IC = (int) op.ic;
+    const int OC = (int) op.oc;
+    const int64_t n_rows = op.n_slots;
     cudaStream_t stream = ctx.stream();
     if (n_rows == 0) {
         return;
     }
-    GGML_ASSERT(K == 2 || K == 3);
+
+    escha_rows rows = {};
+    rows.x   = (const char *) op.x->data;
+    rows.nb1 = op.x->nb[1];
+    rows.nb2 = op.x->nb[2];
+    rows.nb3 = op.moe ? 0 : op.x->nb[3];
+    rows.ne1 = op.moe ? op.n_used : op.x->ne[1];
+    rows.ne2 = op.moe ? op.n_tokens : op.x->ne[2];
+    rows.nx1 = op.x->ne[1];
+    rows.ids = op.moe ? (const int32_t *) op.ids->data : nullptr;
+    rows.si1 = op.moe ? op.ids->nb[1] / sizeof(int32_t) : 0;
+    rows.n_expert = op.n_expert;
+
+    escha_vecs v;
+    const auto data = [&](int i) { return op.vec[i].t ? op.vec[i].t->data : nullptr; };
+    v.rin   = (const half *) data(ESCHA_VEC_RIN);   v.rin_es   = op.vec[ESCHA_VEC_RIN].es;
+    v.rout  = (const half *) data(ESCHA_VEC_ROUT);  v.rout_es  = op.vec[ESCHA_VEC_ROUT].es;
+    v.s_in  = (const float *) data(ESCHA_VEC_S_IN);  v.s_in_es  = op.vec[ESCHA_VEC_S_IN].es;
+    v.s_out = (const float *) data(ESCHA_VEC_S_OUT); v.s_out_es = op.vec[ESCHA_VEC_S_OUT].es;
+    v.bias  = (const float *) data(ESCHA_VEC_BIAS);  v.bias_es  = op.vec[ESCHA_VEC_BIAS].es;
 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
     ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
@@ -136,60 +139,40 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
     static const bool force_simt = getenv("GGML_ESCHA_SIMT") != nullptr;
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
+    const escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma);
 
     escha_mm_args a = {};
-    a.code    = (const uint32_t *) code->data;
-    a.code_es = code->ne[2] * code->ne[1] * 8 * K;
-    a.xh      = xh.get();
-    a.mid     = mid.get();
-    a.KT      = IC / 16;
-    a.NT      = OC / 16;
-    a.IC      = IC;
-    a.OC      = OC;
-    a.n_rows  = n_rows;
-    a.n_expert = n_expert;
-
-    // Rows per group: dense ops share one weight over all rows; an MoE op
-    // at decode batch sizes runs each slot on its own (no grouping pass),
-    // larger batches group the slots by expert on the device.
-    const bool    moe     = rows.ids != nullptr;
-    const int64_t n_used  = moe ? rows.ne1 : 1;
-    const bool    direct  = moe && n_tokens <= 8;
-    const int64_t per_grp = !moe ? n_rows : (direct ? 1 : n_tokens);
-    // mma: up to 16 rows per group the token-generation kernel (8 or 16
-    // rows a block), above it the prefill kernel (64); SIMT: 16.
-    const bool    big     = use_mma && per_grp > 16;
-    const int     NB      = per_grp <= 8 ? 1 : 2;
-    const int     ROWS    = !use_mma ? 16 : (big ? 64 : NB * 8);
-    const int     NTW     = !use_mma || big ? 2 : 4;
-    a.n_x = (a.NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
+    a.code     = (const uint32_t *) op.code->data;
+    a.code_es  = (int64_t) (op.code_nb_e / sizeof(uint32_t));
+    a.xh       = xh.get();
+    a.mid      = mid.get();
+    a.KT       = IC / 16;
+    a.NT       = OC / 16;
+    a.IC       = IC;
+    a.OC       = OC;
+    a.n_rows   = n_rows;
+    a.n_expert = op.n_expert;
+    a.n_x      = (int) plan.n_x;
+    a.mode     = plan.mode;
 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> src1_unused(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> bounds(ctx.pool());
-    int64_t n_z, z_busy;
-    if (!moe) {
-        a.mode = 0;
-        n_z = z_busy = (n_rows + ROWS - 1) / ROWS;
-    } else if (direct) {
-        a.mode   = 1;
+    if (plan.mode == ESCHA_CUDA_PER_SLOT) {
         a.ids    = rows.ids;
-        a.n_used = (int) n_used;
+        a.n_used = (int) op.n_used;
         a.si1    = rows.si1;
-        n_z = z_busy = n_rows;
-    } else {
-        a.mode = 2;
+    } else if (plan.mode == ESCHA_CUDA_GROUPED) {
         sorted.alloc(n_rows);
         src1_unused.alloc(n_rows);
-        bounds.alloc(n_expert + 1);
-        ggml_cuda_launch_mm_ids_helper(rows.ids, src1_unused.get(), sorted.get(), bounds.get(), (int) n_expert, (int) n_tokens,
-                                       (int) n_used, (int) rows.nx1, (int) rows.si1, (int) rows.nx1, false, stream);
+        bounds.alloc(op.n_expert + 1);
+        ggml_cuda_launch_mm_ids_helper(rows.ids, src1_unused.get(), sorted.get(), bounds.get(), (int) op.n_expert, (int) op.n_tokens,
+                                       (int) op.n_used, (int) rows.nx1, (int) rows.si1, (int) rows.nx1, false, stream);
         a.sorted  = sorted.get();
         a.bounds  = bounds.get();
-        a.mblocks = (int) ((n_tokens + ROWS - 1) / ROWS);
-        n_z    = n_expert * a.mblocks;
-        z_busy = std::min<int64_t>(n_expert, n_rows) + n_rows / ROWS;
+        a.mblocks = plan.mblocks;
     }
+    const int64_t n_z = plan.n_z, z_busy = plan.z_busy;
 
 #ifdef GGML_USE_HIP
     if (K == 2) {
@@ -198,19 +181,19 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
         escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
     }
 #else
-    if (!use_mma) {
+    if (plan.family == ESCHA_CUDA_SIMT) {
         if (K == 2) {
             escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
         } else {
             escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
         }
-    } else if (big) {
+    } else if (plan.family == ESCHA_CUDA_MMA) {
         if (K == 2) {
             escha_launch_mm<2, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         } else {
             escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
-    } else if (NB == 1) {
+    } else if (plan.nb == 1) {
         if (K == 2) {
             escha_launch_gemv<2, 4, 1>(a, n_z, z_busy, nsm, stream);
         } else {
@@ -226,56 +209,22 @@ static void escha_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst, co
 #endif
 
     escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-        rows, v, mid.get(), (float *) dst->data, n_rows, OC);
+        rows, v, mid.get(), (float *) op.dst->data, n_rows, OC);
 }
 
-static escha_vecs escha_get_vecs(const ggml_tensor * dst, const int first) {
-    const ggml_tensor * rin   = dst->src[first + 0];
-    const ggml_tensor * rout  = dst->src[first + 1];
-    const ggml_tensor * s_in  = dst->src[first + 2];
-    const ggml_tensor * s_out = dst->src[first + 3];
-    const ggml_tensor * bias  = dst->src[first + 4];
-    escha_vecs v;
-    v.rin   = (const half *) rin->data;                       v.rin_es   = escha_expert_stride(rin);
-    v.rout  = (const half *) rout->data;                      v.rout_es  = escha_expert_stride(rout);
-    v.s_in  = s_in  ? (const float *) s_in->data  : nullptr;  v.s_in_es  = escha_expert_stride(s_in);
-    v.s_out = s_out ? (const float *) s_out->data : nullptr;  v.s_out_es = escha_expert_stride(s_out);
-    v.bias  = bias  ? (const float *) bias->data  : nullptr;  v.bias_es  = escha_expert_stride(bias);
-    return v;
+static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {
+    escha_op op;
+    char err[256];
+    if (escha_cuda_parse(dst, &op, err, sizeof err) != nullptr) {
+        GGML_ABORT("%s: %s", ggml_op_name(dst->op), err);
+    }
+    return op;
 }
 
 void ggml_cuda_op_escha_linear(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    const ggml_tensor * x = dst->src[1];
-    escha_rows rows;
-    rows.x   = (const char *) x->data;
-    rows.nb1 = x->nb[1];
-    rows.nb2 = x->nb[2];
-    rows.nb3 = x->nb[3];
-    rows.ne1 = x->ne[1];
-    rows.ne2 = x->ne[2];
-    rows.nx1 = x->ne[1];
-    rows.ids = nullptr;
-    rows.si1 = 0;
-    rows.n_expert = 1;
-    escha_forward(ctx, dst, rows, x->ne[1] * x->ne[2] * x->ne[3], escha_get_vecs(dst, 2), 1, 1);
+    escha_forward(ctx, escha_cuda_parse_or_abort(dst));
 }
 
 void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    const ggml_tensor * code = dst->src[0];
-    const ggml_tensor * x    = dst->src[1];
-    const ggml_tensor * ids  = dst->src[2];
-    const int64_t n_used   = ids->ne[0];
-    const int64_t n_tokens = ids->ne[1];
-    escha_rows rows;
-    rows.x   = (const char *) x->data;
-    rows.nb1 = x->nb[1];
-    rows.nb2 = x->nb[2];
-    rows.nb3 = 0;
-    rows.ne1 = n_used;
-    rows.ne2 = n_tokens;
-    rows.nx1 = x->ne[1];
-    rows.ids = (const int32_t *) ids->data;
-    rows.si1 = ids->nb[1] / sizeof(int32_t);
-    rows.n_expert = code->ne[3];
-    escha_forward(ctx, dst, rows, n_used * n_tokens, escha_get_vecs(dst, 3), code->ne[3], n_tokens);
+    escha_forward(ctx, escha_cuda_parse_or_abort(dst));
 }

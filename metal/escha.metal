@@ -28,6 +28,7 @@
 using namespace metal;
 #endif
 
+#include "escha-format.h"
 #include "escha-metal-args.h"
 
 // Keep every f32 operation as written: the contract pins the Hadamard
@@ -46,11 +47,11 @@ using namespace metal;
 #define ESCHA_TG_MEM(i) [[threadgroup(i)]]
 #endif
 
-#define ESCHA_RS_F 0.088388347648f
+#define ESCHA_RS_F ESCHA_RS
 
 // Codebook cbA: f16(lo16(r)) + f16(hi16(r)) with Metal's native half add (RNE).
 static inline float escha_cb(uint s) {
-    const uint r = ((s * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    const uint r = ((s * ESCHA_CBA_MUL) & ESCHA_CBA_MASK) ^ ESCHA_CBA_XOR;
     const half2 h = as_type<half2>(r);
     return float(h.x + h.y);
 }
@@ -547,7 +548,7 @@ static inline int escha_moe_id(constant escha_metal_args & args, device const ch
 static inline void escha_fill_nan(device float * y, int ob, ushort lane, ushort sg) {
     if (sg == 0) {
         for (int q = 0; q < 4; q++) {
-            y[ob * 128 + 32 * q + lane] = as_type<float>(0x7FC00000u);
+            y[ob * 128 + 32 * q + lane] = as_type<float>(ESCHA_BAD_EXPERT_F32_BITS);
         }
     }
 }

@@ -6,77 +6,73 @@
 #include "ggml-metal-escha.h"
 
 #include "escha-metal-plan.h"
+#include "escha-op.h"
 
-static bool escha_is_op(const ggml_tensor * op) {
-    return op->op == GGML_OP_ESCHA_LINEAR || op->op == GGML_OP_ESCHA_MOE;
-}
-
-// Rows of an optional per-channel source: 0 absent, else its row count.
-static int64_t escha_rows(const ggml_tensor * t) {
-    return t ? ggml_nrows(t) : 0;
-}
-
-static escha_metal_shape escha_shape_of(const ggml_tensor * op) {
-    const bool moe = op->op == GGML_OP_ESCHA_MOE;
-    const int o = moe ? 3 : 2; // index of rin among the sources
-    const ggml_tensor * code = op->src[0];
-    const ggml_tensor * x = op->src[1];
+// The plan's view of a parsed node (escha-metal-plan.h keeps no ggml
+// dependency, so that the shim executes it).
+static escha_metal_shape escha_shape_of(const escha_op & op) {
     escha_metal_shape s;
     memset(&s, 0, sizeof s);
-    s.moe = moe;
-    s.k = (int) (code->ne[0] / 16);
-    s.ic = code->ne[2] * 16;
-    s.oc = code->ne[1] * 16;
-    s.n_expert = moe ? code->ne[3] : 1;
+    s.moe = op.moe;
+    s.k = op.k;
+    s.ic = op.ic;
+    s.oc = op.oc;
+    s.n_expert = op.n_expert;
     for (int i = 0; i < 4; i++) {
-        s.x_ne[i] = x->ne[i];
-        s.x_nb[i] = x->nb[i];
+        s.x_ne[i] = op.x->ne[i];
+        s.x_nb[i] = op.x->nb[i];
     }
-    s.n_used = moe ? op->src[2]->ne[0] : 1;
-    s.n_tokens = moe ? op->src[2]->ne[1] : 0;
-    s.ids_nb1 = moe ? op->src[2]->nb[1] : 0;
-    s.s_in_rows = escha_rows(op->src[o + 2]);
-    s.s_out_rows = escha_rows(op->src[o + 3]);
-    s.bias_rows = escha_rows(op->src[o + 4]);
+    s.n_used = op.n_used;
+    s.n_tokens = op.moe ? op.n_tokens : 0;
+    s.ids_nb1 = op.moe ? op.ids->nb[1] : 0;
+    s.s_in_rows = op.vec[ESCHA_VEC_S_IN].rows;
+    s.s_out_rows = op.vec[ESCHA_VEC_S_OUT].rows;
+    s.bias_rows = op.vec[ESCHA_VEC_BIAS].rows;
     return s;
 }
 
-static bool escha_is(const ggml_tensor * t, ggml_type type, bool optional) {
-    return t == nullptr ? optional : t->type == type && ggml_is_contiguous(t);
+// The node as the kernels take it: the common description, then what the
+// Metal kernels add (32-bit aligned x rows, contiguous ids rows, a plan).
+static const char * escha_metal_parse(const ggml_tensor * node, escha_op * op, escha_metal_plan * plan, char * err, size_t n_err) {
+    if (escha_op_parse(node, op, err, n_err) != nullptr) {
+        return err;
+    }
+    if (op->x->nb[1] % sizeof(float) != 0 || (op->moe && op->ids->nb[0] != sizeof(int32_t))) {
+        snprintf(err, n_err, "code (%s): x rows or ids are not 4-byte strided", op->code->name);
+        return err;
+    }
+    const escha_metal_shape s = escha_shape_of(*op);
+    if (!escha_metal_make_plan(&s, ESCHA_MTL_PATH_AUTO, plan)) {
+        snprintf(err, n_err, "code (%s) has a shape the Metal kernels do not take", op->code->name);
+        return err;
+    }
+    return nullptr;
 }
 
 bool ggml_metal_escha_supports_op(const ggml_tensor * op) {
-    if (!escha_is_op(op)) {
+    if (op->op != GGML_OP_ESCHA_LINEAR && op->op != GGML_OP_ESCHA_MOE) {
         return false;
     }
-    const bool moe = op->op == GGML_OP_ESCHA_MOE;
-    const int o = moe ? 3 : 2;
-    const ggml_tensor * x = op->src[1];
-    if (!escha_is(op->src[0], GGML_TYPE_I16, false) || x == nullptr || x->type != GGML_TYPE_F32 ||
-        x->nb[0] != sizeof(float) || x->nb[1] % sizeof(float) != 0 || !escha_is(op, GGML_TYPE_F32, false) ||
-        !escha_is(op->src[o], GGML_TYPE_F16, false) || !escha_is(op->src[o + 1], GGML_TYPE_F16, false) ||
-        !escha_is(op->src[o + 2], GGML_TYPE_F32, true) || !escha_is(op->src[o + 3], GGML_TYPE_F32, true) ||
-        !escha_is(op->src[o + 4], GGML_TYPE_F32, true)) {
-        return false;
-    }
-    if (moe && (op->src[2] == nullptr || op->src[2]->type != GGML_TYPE_I32 || op->src[2]->nb[0] != sizeof(int32_t))) {
-        return false;
-    }
-    const escha_metal_shape s = escha_shape_of(op);
+    escha_op parsed;
     escha_metal_plan p;
-    return escha_metal_make_plan(&s, ESCHA_MTL_PATH_AUTO, &p);
+    char err[256];
+    return escha_metal_parse(op, &parsed, &p, err, sizeof err) == nullptr;
 }
 
 size_t ggml_metal_escha_extra_size(const ggml_tensor * op) {
-    if (op->op != GGML_OP_ESCHA_MOE) {
+    escha_op parsed;
+    char err[256];
+    if (op->op != GGML_OP_ESCHA_MOE || escha_op_parse(op, &parsed, err, sizeof err) != nullptr) {
         return 0;
     }
     // The largest plan the op can get: the prefill path's slot lists.
-    return escha_metal_moe_scratch_bytes(op->src[0]->ne[3], op->src[2]->ne[0], op->src[2]->ne[1]);
+    return escha_metal_moe_scratch_bytes(parsed.n_expert, parsed.n_used, parsed.n_tokens);
 }
 
 int64_t ggml_metal_escha_batch_size(const ggml_tensor * op) {
-    return op->op == GGML_OP_ESCHA_MOE ? op->src[2]->ne[1] : ggml_nrows(op->src[1]);
+    escha_op parsed;
+    char err[256];
+    return escha_op_parse(op, &parsed, err, sizeof err) == nullptr ? parsed.n_tokens : 0;
 }
 
 ggml_metal_pipeline_with_params ggml_metal_escha_get_pipeline(ggml_metal_library_t lib, const char * name) {
@@ -89,27 +85,27 @@ ggml_metal_pipeline_with_params ggml_metal_escha_get_pipeline(ggml_metal_library
 
 int ggml_metal_escha_encode(ggml_metal_library_t lib, ggml_metal_encoder_t enc, const ggml_tensor * op,
                             ggml_metal_escha_buffer_id_fn buffer_id) {
-    const bool moe = op->op == GGML_OP_ESCHA_MOE;
-    const int o = moe ? 3 : 2;
-    const escha_metal_shape s = escha_shape_of(op);
+    escha_op parsed;
     escha_metal_plan p;
-    if (!escha_metal_make_plan(&s, ESCHA_MTL_PATH_AUTO, &p)) {
-        GGML_ABORT("%s: escha op %s (code %s) has a shape the Metal kernels do not take", __func__, op->name,
-                   op->src[0]->name);
+    char err[256];
+    if (escha_metal_parse(op, &parsed, &p, err, sizeof err) != nullptr) {
+        GGML_ABORT("%s: escha op %s: %s", __func__, op->name, err);
     }
+    const bool moe = parsed.moe;
+    const auto vec = [&](int v) { return parsed.vec[v].t; };
 
     ggml_metal_buffer_id buf[ESCHA_MTL_BUF_COUNT] = {};
     const ggml_metal_buffer_id bid_dst = buffer_id(op);
-    buf[ESCHA_MTL_BUF_CODE] = buffer_id(op->src[0]);
-    buf[ESCHA_MTL_BUF_X] = buffer_id(op->src[1]);
-    buf[ESCHA_MTL_BUF_RIN] = buffer_id(op->src[o]);
-    buf[ESCHA_MTL_BUF_ROUT] = buffer_id(op->src[o + 1]);
+    buf[ESCHA_MTL_BUF_CODE] = buffer_id(parsed.code);
+    buf[ESCHA_MTL_BUF_X] = buffer_id(parsed.x);
+    buf[ESCHA_MTL_BUF_RIN] = buffer_id(vec(ESCHA_VEC_RIN));
+    buf[ESCHA_MTL_BUF_ROUT] = buffer_id(vec(ESCHA_VEC_ROUT));
     // Absent optional sources are never read (args.has_*); bind dst there.
-    buf[ESCHA_MTL_BUF_S_IN] = op->src[o + 2] ? buffer_id(op->src[o + 2]) : bid_dst;
-    buf[ESCHA_MTL_BUF_S_OUT] = op->src[o + 3] ? buffer_id(op->src[o + 3]) : bid_dst;
-    buf[ESCHA_MTL_BUF_BIAS] = op->src[o + 4] ? buffer_id(op->src[o + 4]) : bid_dst;
+    buf[ESCHA_MTL_BUF_S_IN] = vec(ESCHA_VEC_S_IN) ? buffer_id(vec(ESCHA_VEC_S_IN)) : bid_dst;
+    buf[ESCHA_MTL_BUF_S_OUT] = vec(ESCHA_VEC_S_OUT) ? buffer_id(vec(ESCHA_VEC_S_OUT)) : bid_dst;
+    buf[ESCHA_MTL_BUF_BIAS] = vec(ESCHA_VEC_BIAS) ? buffer_id(vec(ESCHA_VEC_BIAS)) : bid_dst;
     buf[ESCHA_MTL_BUF_DST] = bid_dst;
-    buf[ESCHA_MTL_BUF_IDS] = moe ? buffer_id(op->src[2]) : bid_dst;
+    buf[ESCHA_MTL_BUF_IDS] = moe ? buffer_id(parsed.ids) : bid_dst;
     // The MoE slot lists lie after the result (ggml_metal_escha_extra_size).
     buf[ESCHA_MTL_BUF_SCRATCH] = bid_dst;
     buf[ESCHA_MTL_BUF_SCRATCH].offs += ggml_nbytes(op);

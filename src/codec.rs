@@ -8,22 +8,13 @@ use crate::validate::{LinearShape, MoeShape};
 use half::f16;
 use std::sync::OnceLock;
 
-/// Tile edge: a tile is 16 input rows x 16 output columns.
-pub const TILE: usize = 16;
-/// Values per tile.
-pub const TILE_VALUES: usize = TILE * TILE;
-
-/// Codebook hash constants (codebook id 1, "cbA").
-pub const CB_MUL: u32 = 0xCBAC_1FED;
-pub const CB_MASK: u32 = 0x8FFF_8FFF;
-pub const CB_XOR: u32 = 0x3B60_3B60;
-/// The only codebook id the format defines.
-pub const CODEBOOK_ID: i64 = 1;
+pub use crate::format::{TILE, TILE_VALUES};
+use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR};
 
 /// The hashed 32-bit word whose two f16 halves add up to the value.
 #[inline(always)]
 pub fn cb_hash(state: u16) -> u32 {
-    (u32::from(state).wrapping_mul(CB_MUL) & CB_MASK) ^ CB_XOR
+    (u32::from(state).wrapping_mul(CBA_MUL) & CBA_MASK) ^ CBA_XOR
 }
 
 /// Codebook value of a state: `f16(lo) + f16(hi)` with one RNE rounding.

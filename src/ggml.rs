@@ -303,6 +303,25 @@ impl<'b> Graph<'b> {
         Ok(Tensor { ptr: t, _graph: PhantomData })
     }
 
+    /// Sets the codebook id that an escha op's parameters carry (the
+    /// constructors write [`crate::format::CODEBOOK_CBA`], the only one the
+    /// format defines). A backend refuses an op whose codebook it does not
+    /// implement, so [`Graph::compute`] then returns
+    /// [`GgmlError::Unsupported`].
+    ///
+    /// # Errors
+    /// [`GgmlError::Shape`] when `op` is not an escha op.
+    pub fn set_codebook(&self, op: Tensor<'_>, id: i32) -> Result<()> {
+        let name = unsafe { CStr::from_ptr(sys::ggml_op_name((*op.ptr).op)) }.to_string_lossy().into_owned();
+        if name != "ESCHA_LINEAR" && name != "ESCHA_MOE" {
+            return Err(GgmlError::Shape { name: op.name(), detail: format!("{name} is not an escha op") });
+        }
+        // SAFETY: op points to a live tensor of this graph's context (its
+        // lifetime ties it to the graph), and op_params is plain i32 storage.
+        unsafe { (*op.ptr).op_params[crate::format::OP_PARAM_CODEBOOK] = id };
+        Ok(())
+    }
+
     /// Allocates the tensors on the backend, uploads the data, computes the
     /// graph ending in `out` and returns `out`'s values.
     pub fn compute(&self, out: Tensor) -> Result<Vec<f32>> {

@@ -149,7 +149,7 @@ impl GgufFile {
                     name,
                 };
                 // ggml's parser bounds each size; the sum is checked here.
-                let needed = t.offset.checked_add(t.size as u64).unwrap_or(u64::MAX);
+                let needed = t.offset.saturating_add(t.size as u64);
                 if needed > len {
                     return Err(GgufError::Truncated { path: shown, tensor: t.name, needed, len });
                 }

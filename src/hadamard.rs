@@ -3,11 +3,9 @@
 //! h = 1, 2, ..., 64 with pairs (a + b, a - b), in f32, on each contiguous
 //! 128-block. The scale is applied separately as [`RS`].
 
-/// 1/sqrt(128) as the f32 constant the format pins.
-#[allow(clippy::excessive_precision)] // the literal the format pins
-pub const RS: f32 = 0.088388347648;
-/// Transform block length.
-pub const N: usize = 128;
+pub use crate::format::RS;
+/// Transform block length: the format's Hadamard block.
+pub const N: usize = crate::format::HBLOCK;
 
 /// In-place H128 on one 128-block. Every output is the same sequence of f32
 /// additions whatever the vector width, so SIMD versions are bit-exact.

@@ -2,8 +2,10 @@
 //! for the llama.cpp / ggml ecosystem.
 //!
 //! Layers, from the contract outwards:
+//! - [`format`]: the format's numeric constants (tile, block, RS, codebook);
 //! - [`codec`]: codebook, bitstream, tile order, `reconstruct`;
 //! - [`hadamard`]: the 128-point Walsh-Hadamard transform and its scale;
+//! - [`transform`]: the scale fold and the input / output transforms;
 //! - [`reference`]: the linear / MoE forward exactly as the contract states;
 //! - [`validate`]: shape and checkpoint-leaf validation with named errors;
 //! - [`contract`]: the GGUF tensor contract, checked as llama.cpp's loader does;
@@ -14,7 +16,8 @@
 //! - [`ggml`]: safe bindings to build and compute graphs with the escha ops;
 //! - [`gguf`], [`safetensors`]: readers and streaming writers of both formats;
 //! - [`rawio`]: the raw little-endian golden-file convention of the CLI;
-//! - [`output`]: outputs written beside their target and renamed when complete.
+//! - [`output`]: outputs written beside their target and renamed when complete;
+//! - [`rng`]: the deterministic random numbers of the encoder and the tests.
 //!
 //! The format is specified in `docs/FORMAT.md`.
 
@@ -26,6 +29,7 @@ pub mod cref;
 pub mod encode;
 pub mod error;
 pub mod ffi;
+pub mod format;
 #[cfg(feature = "ggml")]
 pub mod ggml;
 #[cfg(feature = "ggml")]
@@ -38,6 +42,8 @@ pub mod hadamard;
 pub mod output;
 pub mod rawio;
 pub mod reference;
+pub mod rng;
+pub mod transform;
 pub mod validate;
 #[doc(hidden)]
 pub mod testutil;

@@ -1,12 +1,10 @@
 //! Shapes and validation: every rule of the contract that can reject input,
 //! with errors naming the tensor.
 
-use crate::codec::TILE;
 use crate::error::{EschaError, Result};
+pub use crate::format::HBLOCK;
+use crate::format::TILE;
 use std::collections::BTreeMap;
-
-/// Hadamard block size; IC and OC must be multiples of it.
-pub const HBLOCK: usize = 128;
 
 /// Shape of one coded linear (`IC` inputs -> `OC` outputs, `K` bits/weight).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,7 +271,7 @@ pub fn check_config(tensor: &str, cfg: &Leaf, experts: Option<usize>, shape: Lin
     if v.len() != want_len {
         return dis(format!("has {} entries ({}), expected {want_len}", v.len(), if experts.is_some() { "MoE" } else { "dense" }));
     }
-    if v[3] != super::codec::CODEBOOK_ID {
+    if v[3] != crate::format::CODEBOOK_CBA {
         return Err(EschaError::BadCodebook { tensor: tensor.into(), id: v[3] });
     }
     if v[0] != TILE as i64 {

@@ -11,7 +11,7 @@
 mod common;
 
 use common::shim::{check_decode, check_dense, check_moe, dense_problem, f16_ptr, opt, route, summarize, MoeData, Route, Stats};
-use escha_ggml::reference::{fold, input_transform, output_transform};
+use escha_ggml::transform::{fold, input_transform, output_transform};
 use escha_ggml::testutil::Rng;
 use half::f16;
 

@@ -109,3 +109,30 @@ fn bad_shapes_are_errors_not_aborts() {
     assert!(matches!(g.escha_linear(code, x, short, rout, None, None, None), Err(GgmlError::Shape { .. })));
     assert!(matches!(g.tensor("bad", &[3, 3], &[0f32; 8]), Err(GgmlError::Shape { .. })));
 }
+
+/// The op parameters carry the codebook id; every backend refuses one it
+/// does not implement instead of decoding it as cbA.
+#[test]
+fn a_codebook_no_backend_implements_is_refused() {
+    let p = Problem::new(31, 2, 128, 128, false, false);
+    let x = p.input(3, 1);
+    for backend in [Backend::cpu(1).unwrap(), Backend::cpu_reference(1).unwrap()] {
+        for (id, known) in [(escha_ggml::format::CODEBOOK_CBA as i32, true), (2, false), (0, false)] {
+            let g = Graph::new(&backend).unwrap();
+            let code = g.tensor("code", &[32, 8, 8], &p.code).unwrap();
+            let xt = g.tensor("x", &[128, 1], &x).unwrap();
+            let rin = g.tensor("rin", &[128], &p.rin).unwrap();
+            let rout = g.tensor("rout", &[128], &p.rout).unwrap();
+            let y = g.escha_linear(code, xt, rin, rout, None, None, None).unwrap();
+            g.set_codebook(y, id).unwrap();
+            match g.compute(y) {
+                Ok(_) => assert!(known, "{}: codebook {id} was computed", backend.name()),
+                Err(GgmlError::Unsupported { .. }) => assert!(!known, "{}: codebook {id} refused", backend.name()),
+                Err(e) => panic!("{}: codebook {id}: {e}", backend.name()),
+            }
+        }
+        let g = Graph::new(&backend).unwrap();
+        let xt = g.tensor("x", &[128, 1], &x).unwrap();
+        assert!(matches!(g.set_codebook(xt, 1), Err(GgmlError::Shape { .. })));
+    }
+}

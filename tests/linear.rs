@@ -6,7 +6,8 @@ mod common;
 
 use common::*;
 use escha_ggml::cpu::{CpuLinear, Isa, Kernel};
-use escha_ggml::reference::{self, input_transform, Linear};
+use escha_ggml::reference::{self, Linear};
+use escha_ggml::transform::input_transform;
 use escha_ggml::{cref, EschaError};
 use half::f16;
 

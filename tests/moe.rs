@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use escha_ggml::cpu::{CpuMoe, Isa, Kernel};
+use escha_ggml::cpu::{CpuEngine, Isa, Kernel};
 use escha_ggml::reference::{self, Moe, Routing};
 use escha_ggml::testutil::Rng;
 use escha_ggml::{cref, EschaError, MoeShape};
@@ -96,7 +96,7 @@ fn moe_kernels_match_reference() {
                 let r = Routing { ids: &ids, n_used, tokens, nx };
                 let x = Rng::new(6).f32s(tokens * nx * ic, 0.0, 1.0);
                 let want = reference::moe(&p.moe(true), &x, &r).unwrap();
-                let got = CpuMoe::new(&p.moe(true), kern).unwrap().forward(&x, &r).unwrap();
+                let got = CpuEngine::new(&p.moe(true), kern).unwrap().forward(&x, &r).unwrap();
                 if isa == Isa::Scalar {
                     assert_eq!(f32_bits_of(&got), bits(&want), "scalar k={k}");
                 }
@@ -130,7 +130,7 @@ fn bad_expert_ids_are_named() {
     let ids = vec![0, 2, 3, 1];
     let r = Routing { ids: &ids, n_used: 2, tokens: 2, nx: 1 };
     let x = vec![0.5f32; 2 * 128];
-    for res in [reference::moe(&p.moe(false), &x, &r).map(|_| ()), CpuMoe::new(&p.moe(false), Kernel::best()).unwrap().forward(&x, &r).map(|_| ())] {
+    for res in [reference::moe(&p.moe(false), &x, &r).map(|_| ()), CpuEngine::new(&p.moe(false), Kernel::best()).unwrap().forward(&x, &r).map(|_| ())] {
         match res {
             Err(EschaError::BadExpertId { id: 3, token: 1, slot: 0, n_expert: 3, .. }) => {}
             other => panic!("{other:?}"),

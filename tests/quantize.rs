@@ -208,7 +208,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let a_proj = random(&mut rng, 48 * 128, 0.02);
     let router = random(&mut rng, 2 * 128, 0.02);
     // An int8 projection as the MoE exports store them: rows and one f16 scale per row.
-    let o_int8: Vec<u8> = (0..128 * 128).map(|i| ((i * 37 % 255) as i32 - 127) as i8 as u8).collect();
+    let o_int8: Vec<u8> = (0..128 * 128).map(|i| ((i * 37 % 255) - 127) as i8 as u8).collect();
     let o_scale: Vec<f32> = (0..128).map(|r| 0.001 * (1 + r % 7) as f32).collect();
     let src = vec![
         ("model.embed_tokens.weight", "F16", vec![64, 128], h(&random(&mut rng, 64 * 128, 1.0))),

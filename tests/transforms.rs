@@ -2,7 +2,7 @@
 
 use escha_ggml::cref;
 use escha_ggml::hadamard::{h128, RS};
-use escha_ggml::reference::fold_scales;
+use escha_ggml::transform::fold_scales;
 use escha_ggml::testutil::Rng;
 use half::f16;
 

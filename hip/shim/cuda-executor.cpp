@@ -9,11 +9,13 @@
 // reads what no stage wrote gives NaN instead of a lucky value.
 //
 // The C entry points at the end run one escha op stage by stage as escha.cu
-// launches it, with the kernel and the IC split chosen by the caller
-// (tests/cuda_shim.rs), since the host plan of escha.cu needs ggml-cuda.
+// launches it, on the grid of its plan (hip/escha-plan.h), with the kernel
+// family and the IC split chosen by the caller (tests/cuda_shim.rs), so
+// every family runs whatever the batch size.
 
 #include "cuda-shim.h"
 #include "../escha-kernels.cuh"
+#include "../escha-plan.h"
 
 #include <cstdio>
 #include <functional>
@@ -103,26 +105,19 @@ std::vector<T> nan_filled(size_t n) {
     return v;
 }
 
-// Kernels of one multiply: path 0 token generation (escha_gemv_kernel),
-// 1 prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
-// runs it). rows_per_group: how many rows one weight serves (decides NB).
-struct Multiply {
-    void (*kernel)(escha_mm_args);
-    int rows;
-    int ntw;
-};
+// Kernel family of a path: 0 token generation (escha_gemv_kernel), 1
+// prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
+// runs it).
+const int k_family_of_path[3] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT };
 
 template <int K>
-bool pick(int path, int64_t rows_per_group, Multiply & m) {
-    switch (path) {
-        case 0:
-            if (rows_per_group > 16) {
-                return false;
-            }
-            m = rows_per_group <= 8 ? Multiply{ escha_gemv_kernel<K, 4, 1>, 8, 4 } : Multiply{ escha_gemv_kernel<K, 4, 2>, 16, 4 };
+bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
+    switch (p.family) {
+        case ESCHA_CUDA_GEMV:
+            kernel = p.nb == 1 ? escha_gemv_kernel<K, 4, 1> : escha_gemv_kernel<K, 4, 2>;
             return true;
-        case 1: m = Multiply{ escha_mm_kernel<K, 2, 4, true>, 64, 2 }; return true;
-        case 2: m = Multiply{ escha_mm_kernel<K, 2, 1, false>, 16, 2 }; return true;
+        case ESCHA_CUDA_MMA: kernel = escha_mm_kernel<K, 2, 4, true>; return true;
+        case ESCHA_CUDA_SIMT: kernel = escha_mm_kernel<K, 2, 1, false>; return true;
         default: return false;
     }
 }
@@ -132,8 +127,13 @@ bool pick(int path, int64_t rows_per_group, Multiply & m) {
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
            int64_t rows_per_group, int64_t n_expert, int ksplit, float * y) {
-    Multiply m;
-    if (!(k == 2 ? pick<2>(path, rows_per_group, m) : pick<3>(path, rows_per_group, m))) {
+    if (path < 0 || path > 2 || (path == 0 && rows_per_group > 16)) {
+        return -1;
+    }
+    const escha_cuda_plan plan =
+        escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, n_expert, a.NT, ESCHA_WARPS);
+    void (*kernel)(escha_mm_args) = nullptr;
+    if (!(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
         return -1;
     }
     const int IC = a.IC, OC = a.OC;
@@ -145,21 +145,14 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     });
     a.xh  = xh.data();
     a.mid = mid.data();
-    a.n_x = (a.NT + m.ntw * ESCHA_WARPS - 1) / (m.ntw * ESCHA_WARPS);
-    int64_t n_z;
-    if (a.mode == 0) {
-        n_z = (n_rows + m.rows - 1) / m.rows;
-    } else if (a.mode == 1) {
-        n_z = n_rows;
-    } else {
-        a.mblocks = (int) ((rows_per_group + m.rows - 1) / m.rows);
-        n_z       = n_expert * a.mblocks;
-    }
+    a.n_x     = (int) plan.n_x;
+    a.mblocks = plan.mblocks;
+    const int64_t n_z = plan.n_z;
     ksplit     = std::max(1, std::min(ksplit, a.KT));
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     escha_consts_fill(a.dc);
-    launch(dim3((unsigned) (a.n_x * n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { m.kernel(a); });
+    launch(dim3((unsigned) (a.n_x * n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
         escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
     });
@@ -243,7 +236,7 @@ int escha_cuda_shim_out(int64_t oc, const float * mid, int64_t m, const uint16_t
     return 0;
 }
 
-// One dense op: y[m][oc] from x[m][ic] (contiguous), path as in Multiply,
+// One dense op: y[m][oc] from x[m][ic] (contiguous), path as in k_family_of_path,
 // IC split into ksplit parts (1: plain stores, more: f32 atomics).
 int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                            const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
@@ -280,7 +273,7 @@ int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, 
 // used), y[n_tokens][n_used][oc]; a slot whose id is outside [0, n_expert)
 // comes out NaN. grouped = 0: one block row per slot
 // (decode sizes); 1: slots grouped by expert (as ggml's mmid helper does
-// on the device, here on the host). path as in Multiply.
+// on the device, here on the host). path as in k_family_of_path.
 int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
                         const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
                         const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,

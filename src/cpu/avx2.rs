@@ -8,10 +8,10 @@
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{gemm, xh_ptrs, TileOps};
+use super::batch::xh_ptrs;
 use super::tables::{group_windows, identity, state_window, GroupWindow, EXT_WORDS};
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
-use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
+use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<8>; 4]; 2];
@@ -41,8 +41,8 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cb8(s: __m256i) -> __m256 {
-    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CB_MUL as i32));
-    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CB_MASK as i32)), _mm256_set1_epi32(CB_XOR as i32));
+    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
+    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CBA_MASK as i32)), _mm256_set1_epi32(CBA_XOR as i32));
     // The two halves of each word are adjacent f16 values: convert all 16
     // and add neighbours. vhaddps works per 128-bit lane, so the sums come
     // out in lane order LANE_PERM; inputs and reductions follow that order.
@@ -131,18 +131,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
 }
 
 
-pub(super) struct Avx2;
-
-impl TileOps for Avx2 {
-    #[inline]
-    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
-        decode_rows::<K>(job, kt, nt, out)
-    }
-    #[inline]
-    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
-        rows_fma::<R>(job, i0, kt0, kc, dec, mid)
-    }
-}
+super::batch::tile_ops!(Avx2);
 
 /// Decodes tile `(kt, nt)` straight to row-major f32 with in-register
 /// transposes. For value j, vectors g = 0..3 hold (in LANE_PERM order)
@@ -209,19 +198,5 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
             _mm256_storeu_ps(mp, a[0]);
             _mm256_storeu_ps(mp.add(8), a[1]);
         }
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `job` must be consistent (see
-/// `Kernel::block_mid`), `mid` hold `rows * 128` zeroed floats and
-/// `scratch` at least `scratch_floats(rows) - rows * 128`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-    match (job.k, job.rows.len()) {
-        (2, 1) => gemv::<2>(job, mid),
-        (3, 1) => gemv::<3>(job, mid),
-        (2, _) => gemm::<Avx2, 2>(job, mid, scratch),
-        _ => gemm::<Avx2, 3>(job, mid, scratch),
     }
 }

@@ -7,10 +7,10 @@
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
+use super::batch::{lanes_to_rows, xh_ptrs};
 use super::tables::{group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
-use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
+use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<16>; 2]; 2];
@@ -38,9 +38,9 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<16>) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn cb16(s: __m512i) -> __m512 {
-    let r = _mm512_mullo_epi32(s, _mm512_set1_epi32(CB_MUL as i32));
+    let r = _mm512_mullo_epi32(s, _mm512_set1_epi32(CBA_MUL as i32));
     // (r & MASK) ^ XOR in one vpternlogd: truth table 0x6A.
-    let r = _mm512_ternarylogic_epi32::<0x6A>(r, _mm512_set1_epi32(CB_MASK as i32), _mm512_set1_epi32(CB_XOR as i32));
+    let r = _mm512_ternarylogic_epi32::<0x6A>(r, _mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
     let lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(r));
     let hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(r)));
     // Exact f32 sum, one RNE rounding to f16 (the contract's f16 addition).
@@ -121,18 +121,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-pub(super) struct Avx512;
-
-impl TileOps for Avx512 {
-    #[inline]
-    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
-        decode_rows::<K>(job, kt, nt, out)
-    }
-    #[inline]
-    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
-        rows_fma::<R>(job, i0, kt0, kc, dec, mid)
-    }
-}
+super::batch::tile_ops!(Avx512);
 
 #[target_feature(enable = "avx512f")]
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
@@ -169,17 +158,5 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
         for (q, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE), *a);
         }
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX-512F; see `Kernel::block_mid` for the rest.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-    match (job.k, job.rows.len()) {
-        (2, 1) => gemv::<2>(job, mid),
-        (3, 1) => gemv::<3>(job, mid),
-        (2, _) => gemm::<Avx512, 2>(job, mid, scratch),
-        _ => gemm::<Avx512, 3>(job, mid, scratch),
     }
 }

@@ -3,14 +3,16 @@
 //! rows per loaded weight vector. Columns are summed in ascending input
 //! order, like the reference (with fused multiply-adds).
 //!
-//! The driver is plain Rust; the ISA modules supply the two inner steps
-//! through [`TileOps`] (each call does enough work that it need not inline).
+//! The driver is plain Rust, and so is the choice between the one-row GEMV
+//! and the batched product ([`block_mid`]); the ISA modules supply the
+//! intrinsics through [`TileOps`] (each call does enough work that it need
+//! not inline), implemented by [`tile_ops!`].
 
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::{BlockJob, BLOCK_TILES};
-use crate::codec::TILE_VALUES;
+use super::job::{BlockJob, BLOCK_TILES};
+use crate::format::TILE_VALUES;
 
 /// Tile rows of the block decoded per pass (then applied to every row).
 pub(crate) const KC: usize = 2;
@@ -21,25 +23,82 @@ pub(crate) const RB: usize = 4;
 pub(crate) const DECODED_FLOATS: usize = KC * BLOCK_TILES * TILE_VALUES;
 
 pub(crate) trait TileOps {
+    /// `mid [1, 128]` += the one row `job.rows[0]` times the block.
+    ///
+    /// # Safety
+    /// 1. The CPU supports the ISA.
+    /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+    unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]);
+
     /// Row-major f32 values (`out[r*16 + c]`) of tile `(kt, nt)`.
     ///
     /// # Safety
-    /// The CPU supports the ISA; `job` is consistent (`Kernel::block_mid`).
+    /// 1. The CPU supports the ISA.
+    /// 2. `job` is consistent (checked by `Kernel::block_mid`).
     unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]);
 
     /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec` that
     /// start at tile row `kt0`, accumulated into `mid [rows, 128]`.
     ///
     /// # Safety
-    /// As for `decode_rows`; `dec` holds `kc * 8` decoded tiles.
+    /// 1. and 2. as for `decode_rows`.
+    /// 3. `dec` holds `kc * 8` decoded tiles and `mid` `job.rows.len() * 128` floats.
     unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]);
+}
+
+/// Implements [`TileOps`] for `$isa` by the invoking module's free
+/// functions `gemv`, `decode_rows` and `rows_fma`, which carry the ISA's
+/// `#[target_feature]`s.
+macro_rules! tile_ops {
+    ($isa:ident) => {
+        pub(super) struct $isa;
+
+        impl super::batch::TileOps for $isa {
+            #[inline]
+            unsafe fn gemv<const K: usize>(job: &super::job::BlockJob, mid: &mut [f32]) {
+                gemv::<K>(job, mid)
+            }
+            #[inline]
+            unsafe fn decode_rows<const K: usize>(job: &super::job::BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+                decode_rows::<K>(job, kt, nt, out)
+            }
+            #[inline]
+            unsafe fn rows_fma<const R: usize>(
+                job: &super::job::BlockJob,
+                i0: usize,
+                kt0: usize,
+                kc: usize,
+                dec: &[f32],
+                mid: &mut [f32],
+            ) {
+                rows_fma::<R>(job, i0, kt0, kc, dec, mid)
+            }
+        }
+    };
+}
+pub(crate) use tile_ops;
+
+/// `mid [rows, 128]` of one block on the ISA `T`: the GEMV for one row,
+/// the batched product for more (`mid` zeroed by the caller).
+///
+/// # Safety
+/// 1. and 2. as for [`TileOps::decode_rows`].
+/// 3. `mid` holds `job.rows.len() * 128` floats and `scratch` at least
+///    [`DECODED_FLOATS`].
+pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    match (job.k, job.rows.len()) {
+        (2, 1) => T::gemv::<2>(job, mid),
+        (3, 1) => T::gemv::<3>(job, mid),
+        (2, _) => gemm::<T, 2>(job, mid, scratch),
+        _ => gemm::<T, 3>(job, mid, scratch),
+    }
 }
 
 /// The batched product of one block (`mid` zeroed by the caller).
 ///
 /// # Safety
-/// See [`TileOps`]; `scratch` holds at least [`DECODED_FLOATS`].
-pub(crate) unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+/// As for [`block_mid`].
+unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
     let m = job.rows.len();
     let dec = &mut scratch[..DECODED_FLOATS];
     let kt_n = job.kt_n();

@@ -1,7 +1,7 @@
 //! Dense coded linear on the CPU kernels: the one-expert case of
-//! [`CpuMoe`], one slot per input row.
+//! [`CpuEngine`], one slot per input row.
 
-use super::moe::{CpuMoe, ExpertGroups, Slots};
+use super::engine::{CpuEngine, ExpertGroups, Slots};
 use super::Kernel;
 use crate::error::Result;
 use crate::reference::{Linear, Moe};
@@ -11,7 +11,7 @@ use crate::validate::{check_len, LinearShape, MoeShape};
 pub struct CpuLinear<'a> {
     pub name: &'a str,
     pub shape: LinearShape,
-    engine: CpuMoe<'a>,
+    engine: CpuEngine<'a>,
 }
 
 impl<'a> CpuLinear<'a> {
@@ -29,7 +29,7 @@ impl<'a> CpuLinear<'a> {
             s_out: l.s_out,
             bias: l.bias,
         };
-        Ok(Self { name: l.name, shape: s, engine: CpuMoe::new_unchecked(&moe, kernel) })
+        Ok(Self { name: l.name, shape: s, engine: CpuEngine::new_unchecked(&moe, kernel) })
     }
 
     /// Output blocks of 128 columns: the unit of work of phase 2.

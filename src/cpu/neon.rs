@@ -10,10 +10,10 @@
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{gemm, lanes_to_rows, xh_ptrs, TileOps};
+use super::batch::{lanes_to_rows, xh_ptrs};
 use super::tables::{group_windows, identity, lane_to_rowmajor, state_window, GroupWindow, EXT_WORDS};
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
-use crate::codec::{CB_MASK, CB_MUL, CB_XOR, TILE};
+use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -99,8 +99,8 @@ unsafe fn round_f16(v: float32x4_t) -> float32x4_t {
 /// Codebook values of 4 states.
 #[inline(always)]
 unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
-    let r = vmulq_u32(s, vdupq_n_u32(CB_MUL));
-    let r = veorq_u32(vandq_u32(r, vdupq_n_u32(CB_MASK)), vdupq_n_u32(CB_XOR));
+    let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
+    let r = veorq_u32(vandq_u32(r, vdupq_n_u32(CBA_MASK)), vdupq_n_u32(CBA_XOR));
     let lo = f16x4_to_f32(vmovn_u32(r));
     let hi = f16x4_to_f32(vshrn_n_u32::<16>(r));
     round_f16(vaddq_f32(lo, hi))
@@ -151,61 +151,48 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-pub(super) struct Neon;
+super::batch::tile_ops!(Neon);
 
-impl TileOps for Neon {
-    unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
-        let mut ext = [0u32; EXT_WORDS];
-        let mut lanes = [0f32; 256];
-        job.load_ext(kt, nt, &mut ext);
-        for g in 0..8 {
-            let w = group_windows_of::<K>(&ext, g);
-            for j in 0..8 {
-                vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j) * 4), cb4(states::<K>(&w, j)));
+unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+    let mut ext = [0u32; EXT_WORDS];
+    let mut lanes = [0f32; 256];
+    job.load_ext(kt, nt, &mut ext);
+    for g in 0..8 {
+        let w = group_windows_of::<K>(&ext, g);
+        for j in 0..8 {
+            vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j) * 4), cb4(states::<K>(&w, j)));
+        }
+    }
+    lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
+}
+
+unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    let xp = xh_ptrs::<R>(job, i0, kt0, kc);
+    for tl in 0..BLOCK_TILES {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+        for (q, a) in acc.iter_mut().enumerate() {
+            let mp = mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+            for (v, p) in a.iter_mut().enumerate() {
+                *p = vld1q_f32(mp.add(4 * v));
             }
         }
-        lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
-    }
-
-    unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
-        let xp = xh_ptrs::<R>(job, i0, kt0, kc);
-        for tl in 0..BLOCK_TILES {
-            let mut acc = [[vdupq_n_f32(0.0); 4]; R];
-            for (q, a) in acc.iter_mut().enumerate() {
-                let mp = mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
-                for (v, p) in a.iter_mut().enumerate() {
-                    *p = vld1q_f32(mp.add(4 * v));
-                }
-            }
-            for c in 0..kc {
-                let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
-                for r in 0..TILE {
-                    let w = [vld1q_f32(d.add(r * TILE)), vld1q_f32(d.add(r * TILE + 4)), vld1q_f32(d.add(r * TILE + 8)), vld1q_f32(d.add(r * TILE + 12))];
-                    for q in 0..R {
-                        let b = vdupq_n_f32(*xp[c][q].add(r));
-                        for v in 0..4 {
-                            acc[q][v] = vfmaq_f32(acc[q][v], w[v], b);
-                        }
+        for c in 0..kc {
+            let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
+            for r in 0..TILE {
+                let w = [vld1q_f32(d.add(r * TILE)), vld1q_f32(d.add(r * TILE + 4)), vld1q_f32(d.add(r * TILE + 8)), vld1q_f32(d.add(r * TILE + 12))];
+                for q in 0..R {
+                    let b = vdupq_n_f32(*xp[c][q].add(r));
+                    for v in 0..4 {
+                        acc[q][v] = vfmaq_f32(acc[q][v], w[v], b);
                     }
                 }
             }
-            for (q, a) in acc.iter().enumerate() {
-                let mp = mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
-                for (v, p) in a.iter().enumerate() {
-                    vst1q_f32(mp.add(4 * v), *p);
-                }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            let mp = mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
+            for (v, p) in a.iter().enumerate() {
+                vst1q_f32(mp.add(4 * v), *p);
             }
         }
-    }
-}
-
-/// # Safety
-/// The CPU must support NEON; see `Kernel::block_mid` for the rest.
-pub(super) unsafe fn block_mid(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-    match (job.k, job.rows.len()) {
-        (2, 1) => gemv::<2>(job, mid),
-        (3, 1) => gemv::<3>(job, mid),
-        (2, _) => gemm::<Neon, 2>(job, mid, scratch),
-        _ => gemm::<Neon, 3>(job, mid, scratch),
     }
 }

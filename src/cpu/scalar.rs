@@ -2,7 +2,7 @@
 //! ascending input order with separate multiply and add, exactly as the
 //! reference does, so it is bit-exact to the reference and to C.
 
-use super::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use crate::codec::{cb_table, tile_state, TILE, TILE_POS, TILE_VALUES};
 
 /// Row-major f32 values of tile `(kt, nt)`.

@@ -173,7 +173,7 @@ mod tests {
                 }
             }
         }
-        let mut rng = crate::testutil::Rng::new(7);
+        let mut rng = crate::rng::Rng::new(7);
         for k in [2, 3] {
             for _ in 0..200 {
                 let tile: Vec<i16> = (0..16 * k).map(|_| rng.next_u32() as i16).collect();

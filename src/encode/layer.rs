@@ -13,7 +13,7 @@
 use super::tile::TileEncoder;
 use crate::codec::{reconstruct, tile_position, TILE, TILE_VALUES};
 use crate::hadamard::{h128, RS};
-use crate::testutil::Rng;
+use crate::rng::Rng;
 use crate::validate::LinearShape;
 use half::f16;
 use std::sync::atomic::{AtomicUsize, Ordering};

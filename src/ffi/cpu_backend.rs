@@ -6,7 +6,7 @@
 //! shapes were asserted by the op constructors, and are checked again here
 //! before any slice is formed.
 
-use crate::cpu::{scratch_floats, CpuMoe, ExpertGroups, Kernel, Slots};
+use crate::cpu::{scratch_floats, CpuEngine, ExpertGroups, Kernel, Slots};
 use crate::reference::Moe;
 use crate::validate::MoeShape;
 use half::f16;
@@ -180,7 +180,7 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     }
     let (ith, nth) = (ith as usize, nth as usize);
     let v = view(d)?;
-    let engine = CpuMoe::new_unchecked(&v.moe, kernel());
+    let engine = CpuEngine::new_unchecked(&v.moe, kernel());
     let n = v.slots.len();
     let ic = d.ic as usize;
     let (xh_bytes, per_thread, need) = layout(ic, n, nth);

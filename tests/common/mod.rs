@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use escha_ggml::codec::reconstruct;
-use escha_ggml::reference::{input_transform, Linear};
+use escha_ggml::reference::Linear;
+use escha_ggml::transform::input_transform;
 use half::f16;
 
 #[allow(unused_imports)]

@@ -4,10 +4,12 @@
 # ESCHA_RUST_LIB). Without it the ops run the C reference.
 
 list(APPEND GGML_CPU_SOURCES
-    ggml-escha/ggml-cpu-escha.cpp
-    ggml-escha/escha_ref.c
-    ggml-escha/escha_ref.h
-    ggml-escha/escha_ffi.h)
+    ggml-escha/cpu/ggml-cpu-escha.cpp
+    ggml-escha/cpu/escha_ffi.h
+    ggml-escha/include/escha-format.h
+    ggml-escha/include/escha-op.h
+    ggml-escha/ref/escha_ref.c
+    ggml-escha/ref/escha_ref.h)
 
 if (ESCHA_RUST_LIB)
     find_package(Threads REQUIRED)
@@ -21,4 +23,4 @@ else()
     target_compile_definitions(${GGML_CPU_NAME} PRIVATE GGML_ESCHA_NO_RUST)
 endif()
 # The reference sums a*b then adds; never let the compiler fuse it.
-set_source_files_properties(ggml-escha/escha_ref.c PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")
+set_source_files_properties(ggml-escha/ref/escha_ref.c PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")

@@ -7,13 +7,15 @@
 //! rows. Scales are folded on the fly (per slot on the input side, per
 //! 128-column block on the output side), so nothing per expert is stored.
 
-use super::{input_transform_row, scratch_floats, split, BlockJob, Kernel, BLOCK_COLS};
+use super::job::{split, BlockJob, BLOCK_COLS};
+use super::{input_transform_row, scratch_floats, Kernel};
 use crate::error::Result;
-use crate::reference::{fold_into, Moe, Routing};
+use crate::reference::{Moe, Routing};
+use crate::transform::fold_into;
 use crate::validate::{check_len, MoeShape};
 
 /// A validated expert-stacked linear, ready to run.
-pub struct CpuMoe<'a> {
+pub struct CpuEngine<'a> {
     pub name: &'a str,
     pub shape: MoeShape,
     moe: Moe<'a>,
@@ -87,7 +89,7 @@ impl ExpertGroups {
     }
 }
 
-impl<'a> CpuMoe<'a> {
+impl<'a> CpuEngine<'a> {
     /// Validates `p` (lengths, finite scales).
     pub fn new(p: &Moe<'a>, kernel: Kernel) -> Result<Self> {
         p.validate()?;

@@ -16,6 +16,8 @@
 #ifndef ESCHA_REF_H
 #define ESCHA_REF_H
 
+#include "../include/escha-format.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,10 +25,8 @@
 extern "C" {
 #endif
 
-/* 1/sqrt(128) as the f32 constant the format pins. */
-#define ESCHA_RS 0.088388347648f
-#define ESCHA_TILE 16
-#define ESCHA_HBLOCK 128
+/* ESCHA_RS, ESCHA_TILE, ESCHA_HBLOCK and the codebook's constants come from
+ * escha-format.h. */
 
 typedef enum {
     ESCHA_OK = 0,

@@ -125,16 +125,16 @@ uint16_t escha_f32_to_f16(float f)
 /* codebook cbA (id 1)                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* r = ((s * 0xCBAC1FED) mod 2^32 & 0x8FFF8FFF) ^ 0x3B603B60;
+/* r = ((s * MUL) mod 2^32 & MASK) ^ XOR (escha-format.h);
  * value = f16(lo16(r)) + f16(hi16(r)) with one f16 RNE rounding. Both halves
  * lie in +-[0.125, 2), so the f32 sum is exact and a single f32->f16 RNE
  * conversion equals the fp16 addition. */
 uint16_t escha_cb_half(uint16_t state)
 {
-    uint32_t r = (uint32_t)((uint32_t)state * UINT32_C(0xCBAC1FED));
+    uint32_t r = (uint32_t)((uint32_t)state * (uint32_t)ESCHA_CBA_MUL);
     float lo, hi, sum;
     r &= UINT32_C(0xFFFFFFFF);
-    r = (r & UINT32_C(0x8FFF8FFF)) ^ UINT32_C(0x3B603B60);
+    r = (r & (uint32_t)ESCHA_CBA_MASK) ^ (uint32_t)ESCHA_CBA_XOR;
     lo = escha_f16_to_f32((uint16_t)(r & 0xFFFFu));
     hi = escha_f16_to_f32((uint16_t)(r >> 16));
     sum = lo + hi;

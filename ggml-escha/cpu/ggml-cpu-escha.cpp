@@ -6,10 +6,11 @@
 // backend (params->use_ref, used by test-backend-ops) runs the C reference
 // instead, so the harness compares Rust against C.
 
-#include "../ggml-cpu/ggml-cpu-impl.h"
-#include "../ggml-impl.h"
+#include "../../ggml-cpu/ggml-cpu-impl.h"
+#include "../../ggml-impl.h"
+#include "../include/escha-op.h"
+#include "../ref/escha_ref.h"
 #include "escha_ffi.h"
-#include "escha_ref.h"
 
 #include <cstring>
 #include <vector>
@@ -24,64 +25,52 @@ static const bool escha_have_rust = false;
 static const bool escha_have_rust = true;
 #endif
 
-static bool escha_is_moe(const ggml_tensor * dst) {
-    return dst->op == GGML_OP_ESCHA_MOE;
-}
-
-// Per-expert byte stride of an optional vector: 0 when shared by all experts.
-static size_t escha_nb_e(const ggml_tensor * t) {
-    return t == nullptr || ggml_nrows(t) == 1 ? 0 : t->nb[1];
-}
-
-static escha_op_desc escha_desc(const ggml_tensor * dst) {
-    const bool moe = escha_is_moe(dst);
-    const ggml_tensor * code = dst->src[0];
-    const int first = moe ? 3 : 2;
-    const ggml_tensor * rin   = dst->src[first + 0];
-    const ggml_tensor * rout  = dst->src[first + 1];
-    const ggml_tensor * s_in  = dst->src[first + 2];
-    const ggml_tensor * s_out = dst->src[first + 3];
-    const ggml_tensor * bias  = dst->src[first + 4];
-    const ggml_tensor * x     = dst->src[1];
-    const ggml_tensor * ids   = moe ? dst->src[2] : nullptr;
-
+// The FFI descriptor of a parsed node (escha_ffi.h).
+static escha_op_desc escha_desc(const escha_op & op) {
     escha_op_desc d;
     memset(&d, 0, sizeof(d));
-    d.k = (int32_t) (code->ne[0] / 16);
-    d.ic = code->ne[2] * 16;
-    d.oc = code->ne[1] * 16;
-    d.n_expert = code->ne[3];
-    d.code = (const int16_t *) code->data;   d.code_nb_e = code->nb[3];
-    d.rin  = (const uint16_t *) rin->data;   d.rin_nb_e  = escha_nb_e(rin);
-    d.rout = (const uint16_t *) rout->data;  d.rout_nb_e = escha_nb_e(rout);
-    if (s_in)  { d.s_in  = (const float *) s_in->data;  d.s_in_nb_e  = escha_nb_e(s_in); }
-    if (s_out) { d.s_out = (const float *) s_out->data; d.s_out_nb_e = escha_nb_e(s_out); }
-    if (bias)  { d.bias  = (const float *) bias->data;  d.bias_nb_e  = escha_nb_e(bias); }
-    d.x = (const char *) x->data;
+    d.k = op.k;
+    d.ic = op.ic;
+    d.oc = op.oc;
+    d.n_expert = op.n_expert;
+    d.code = (const int16_t *) op.code->data;
+    d.code_nb_e = op.code_nb_e;
+    auto data = [&](int v) { return op.vec[v].t ? op.vec[v].t->data : nullptr; };
+    d.rin  = (const uint16_t *) data(ESCHA_VEC_RIN);  d.rin_nb_e   = op.vec[ESCHA_VEC_RIN].nb_e;
+    d.rout = (const uint16_t *) data(ESCHA_VEC_ROUT); d.rout_nb_e  = op.vec[ESCHA_VEC_ROUT].nb_e;
+    d.s_in  = (const float *) data(ESCHA_VEC_S_IN);   d.s_in_nb_e  = op.vec[ESCHA_VEC_S_IN].nb_e;
+    d.s_out = (const float *) data(ESCHA_VEC_S_OUT);  d.s_out_nb_e = op.vec[ESCHA_VEC_S_OUT].nb_e;
+    d.bias  = (const float *) data(ESCHA_VEC_BIAS);   d.bias_nb_e  = op.vec[ESCHA_VEC_BIAS].nb_e;
+    d.x = (const char *) op.x->data;
     for (int i = 0; i < 4; i++) {
-        d.x_ne[i] = x->ne[i];
-        d.x_nb[i] = x->nb[i];
+        d.x_ne[i] = op.x->ne[i];
+        d.x_nb[i] = op.x->nb[i];
     }
-    if (ids) {
-        d.ids = (const char *) ids->data;
-        d.ids_ne[0] = ids->ne[0]; d.ids_ne[1] = ids->ne[1];
-        d.ids_nb[0] = ids->nb[0]; d.ids_nb[1] = ids->nb[1];
+    if (op.ids) {
+        d.ids = (const char *) op.ids->data;
+        d.ids_ne[0] = op.ids->ne[0]; d.ids_ne[1] = op.ids->ne[1];
+        d.ids_nb[0] = op.ids->nb[0]; d.ids_nb[1] = op.ids->nb[1];
     }
-    d.dst = (float *) dst->data;
+    d.dst = (float *) op.dst->data;
     return d;
 }
 
-// Slots of a call: x rows for ESCHA_LINEAR, (token, used expert) pairs for
-// ESCHA_MOE. Decided by the ids shape, not its data pointer, which is not
-// yet set when the graph is planned.
-static int64_t escha_n_slots(const escha_op_desc & d) {
-    return d.ids_ne[0] > 0 ? d.ids_ne[0] * d.ids_ne[1] : d.x_ne[1] * d.x_ne[2] * d.x_ne[3];
+// The parsed node; a node that supports_op would have refused is a bug in
+// the graph, named by its code tensor.
+static escha_op escha_parse_or_abort(const ggml_tensor * dst) {
+    escha_op op;
+    char err[256];
+    if (escha_op_parse(dst, &op, err, sizeof err) != nullptr) {
+        GGML_ABORT("%s: %s", ggml_op_name(dst->op), err);
+    }
+    return op;
 }
+
 // The C reference, one slot at a time, slots split over threads.
-static void escha_forward_ref(const escha_op_desc & d, int ith, int nth) {
+static void escha_forward_ref(const escha_op & op, const escha_op_desc & d, int ith, int nth) {
     const int64_t ic = d.ic, oc = d.oc;
-    const bool moe = d.ids != nullptr;
-    const int64_t n_slots = escha_n_slots(d);
+    const bool moe = op.moe;
+    const int64_t n_slots = op.n_slots;
     const int64_t per = (n_slots + nth - 1) / nth;
     std::vector<uint16_t> y(oc);
     for (int64_t s = ith * per; s < std::min(n_slots, (ith + 1) * per); s++) {
@@ -90,7 +79,9 @@ static void escha_forward_ref(const escha_op_desc & d, int ith, int nth) {
         if (moe) {
             const int64_t n_used = d.ids_ne[0], t = s / n_used, u = s % n_used;
             e = *(const int32_t *) (d.ids + u * d.ids_nb[0] + t * d.ids_nb[1]);
-            GGML_ASSERT(e >= 0 && e < d.n_expert && "escha_moe: expert id out of range");
+            if (!escha_expert_ok(e, d.n_expert)) {
+                GGML_ABORT("escha_moe (%s): expert id %lld out of range [0, %lld)", op.code->name, (long long) e, (long long) d.n_expert);
+            }
             xr = d.x + (u % d.x_ne[1]) * d.x_nb[1] + t * d.x_nb[2];
         } else {
             const int64_t i1 = s % d.x_ne[1], i2 = (s / d.x_ne[1]) % d.x_ne[2], i3 = s / (d.x_ne[1] * d.x_ne[2]);
@@ -120,9 +111,10 @@ static const char * escha_rs_error(int32_t rc) {
 }
 
 extern "C" void ggml_compute_forward_escha(const ggml_compute_params * params, ggml_tensor * dst) {
-    const escha_op_desc d = escha_desc(dst);
+    const escha_op op = escha_parse_or_abort(dst);
+    const escha_op_desc d = escha_desc(op);
     if (params->use_ref || !escha_have_rust) {
-        escha_forward_ref(d, params->ith, params->nth);
+        escha_forward_ref(op, d, params->ith, params->nth);
         return;
     }
     for (int32_t phase = 1; phase <= 2; phase++) {
@@ -140,25 +132,14 @@ extern "C" size_t ggml_escha_cpu_work_size(const ggml_tensor * node, int n_tasks
     if (!escha_have_rust) {
         return 0;
     }
-    const escha_op_desc d = escha_desc(node);
-    return escha_rs_work_size(d.ic, d.oc, escha_n_slots(d), n_tasks);
+    const escha_op op = escha_parse_or_abort(node);
+    return escha_rs_work_size(op.ic, op.oc, op.n_slots, n_tasks);
 }
 
+// Everything the description covers: the Rust kernels and the C reference
+// take any strides of x rows and ids.
 extern "C" bool ggml_escha_cpu_supports_op(const ggml_tensor * op) {
-    const ggml_tensor * code = op->src[0];
-    const ggml_tensor * x    = op->src[1];
-    const int first = escha_is_moe(op) ? 3 : 2;
-    if (code->type != GGML_TYPE_I16 || !ggml_is_contiguous(code) || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float)) {
-        return false;
-    }
-    if (op->src[first]->type != GGML_TYPE_F16 || op->src[first + 1]->type != GGML_TYPE_F16 ||
-        !ggml_is_contiguous(op->src[first]) || !ggml_is_contiguous(op->src[first + 1])) {
-        return false;
-    }
-    for (int i = first + 2; i < first + 5; i++) {
-        if (op->src[i] && (op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i]))) {
-            return false;
-        }
-    }
-    return true;
+    escha_op parsed;
+    char err[256];
+    return escha_op_parse(op, &parsed, err, sizeof err) == nullptr;
 }

@@ -1,5 +1,6 @@
 // See llama-escha.h. Compiled into libllama (patches/0005-llama-escha.patch).
 #include "llama-escha.h"
+#include "escha-op.h"
 
 #include "llama-arch.h"
 #include "llama-impl.h"
@@ -52,7 +53,7 @@ const char * const k_published_tables[] = { "escha_lut", "escha_dep_k2", "escha_
 // lookup table against. libllama cannot call the CPU backend's reference,
 // so the three-instruction hash is restated here with ggml's RNE halves.
 uint16_t cba_half(uint32_t state) {
-    const uint32_t r = ((state * 0xCBAC1FEDu) & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    const uint32_t r = ((state * ESCHA_CBA_MUL) & ESCHA_CBA_MASK) ^ ESCHA_CBA_XOR;
     return ggml_fp32_to_fp16(ggml_fp16_to_fp32((ggml_fp16_t) (r & 0xFFFF)) + ggml_fp16_to_fp32((ggml_fp16_t) (r >> 16)));
 }
 
@@ -130,8 +131,8 @@ model_state & state_of(const llama_model_base & model, llama_model_loader & ml) 
         }
     }
     uint32_t codebook = 0;
-    if (ml.get_key(std::string("escha.codebook"), codebook, false) && codebook != 1) {
-        throw std::runtime_error(format("escha.codebook = %u; only codebook 1 (cbA) is defined", codebook));
+    if (ml.get_key(std::string("escha.codebook"), codebook, false) && codebook != ESCHA_CODEBOOK_CBA) {
+        throw std::runtime_error(format("escha.codebook = %u; only codebook %d (cbA) is defined", codebook, ESCHA_CODEBOOK_CBA));
     }
     st.apply_bias = get_bool(ml, "escha.apply_bias", true);
     return st;
@@ -266,15 +267,12 @@ bool llama_escha_create_tensor(llama_model_base & model, llama_model_loader & ml
     if (w.code == nullptr) {
         return true; // skipped by the caller's flags
     }
-    auto check_type = [&](ggml_tensor * t, ggml_type type) {
-        if (t != nullptr && t->type != type) {
-            throw std::runtime_error(format("%s: type %s, expected %s", ggml_get_name(t), ggml_type_name(t->type), ggml_type_name(type)));
-        }
-    };
-    check_type(w.rin, GGML_TYPE_F16);
-    check_type(w.rout, GGML_TYPE_F16);
-    check_type(w.s_in, GGML_TYPE_F32);
-    check_type(w.s_out, GGML_TYPE_F32);
+    // The shape rule of the op the weight will feed (escha-op.h).
+    const ggml_tensor * const vec[ESCHA_VEC_COUNT] = { w.rin, w.rout, w.s_in, w.s_out, nullptr };
+    char err[256];
+    if (!escha_check_weight(experts, w.code, vec, err, sizeof err)) {
+        throw std::runtime_error(format("%s: %s", stem.c_str(), err));
+    }
 
     std::lock_guard<std::mutex> lock(g_mutex);
     state_of(model, ml);

@@ -1,0 +1,74 @@
+// escha-plan.h: the host-side decisions for the escha CUDA/HIP kernels
+// (which multiply kernel, how rows are grouped, the grid's groups), as plain
+// C++ with no CUDA or ggml dependency: escha.cu launches exactly this plan,
+// and the shim executor (hip/shim) runs the same plan on the CPU.
+#pragma once
+
+#include <cstdint>
+
+// Multiply kernels: escha_mm_kernel on the SIMT path (HIP, pre-Ampere
+// NVIDIA), escha_gemv_kernel (mma, token generation, up to 16 rows per
+// weight) and escha_mm_kernel with mma (prefill, 64 rows a block).
+enum escha_cuda_family {
+    ESCHA_CUDA_SIMT = 0,
+    ESCHA_CUDA_GEMV = 1,
+    ESCHA_CUDA_MMA = 2,
+};
+
+// Row grouping (escha_mm_args.mode).
+enum escha_cuda_mode {
+    ESCHA_CUDA_DENSE = 0,    // row blocks of one weight
+    ESCHA_CUDA_PER_SLOT = 1, // MoE, one group per slot (decode batch sizes)
+    ESCHA_CUDA_GROUPED = 2,  // MoE, slots grouped by expert on the device
+};
+
+// MoE ops with at most this many tokens run each slot on its own.
+static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
+
+struct escha_cuda_plan {
+    int     family;
+    int     mode;
+    int     nb;      // GEMV: 8-row groups per block, 1 or 2
+    int     rows;    // rows one block multiplies
+    int     ntw;     // output tiles per warp
+    int64_t n_x;     // blocks along the output tiles
+    int64_t n_z;     // row groups in the grid
+    int64_t z_busy;  // groups that have rows (the grid's useful size)
+    int     mblocks; // GROUPED: row blocks per expert
+};
+
+// The grid of a given kernel family and grouping. per_group: rows that one
+// weight serves (dense: all rows; PER_SLOT: 1; GROUPED: the tokens). nt:
+// output tiles (OC / 16); warps: warps per block.
+static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t n_rows, int64_t per_group, int64_t n_expert,
+                                                  int nt, int warps) {
+    escha_cuda_plan p = {};
+    p.family = family;
+    p.mode = mode;
+    p.nb = per_group <= 8 ? 1 : 2;
+    p.rows = family == ESCHA_CUDA_SIMT ? 16 : family == ESCHA_CUDA_MMA ? 64 : p.nb * 8;
+    p.ntw = family == ESCHA_CUDA_GEMV ? 4 : 2;
+    p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
+    if (mode == ESCHA_CUDA_DENSE) {
+        p.n_z = p.z_busy = (n_rows + p.rows - 1) / p.rows;
+    } else if (mode == ESCHA_CUDA_PER_SLOT) {
+        p.n_z = p.z_busy = n_rows;
+    } else {
+        p.mblocks = (int) ((per_group + p.rows - 1) / p.rows);
+        p.n_z = n_expert * p.mblocks;
+        p.z_busy = (n_expert < n_rows ? n_expert : n_rows) + n_rows / p.rows;
+    }
+    return p;
+}
+
+// The plan for n_rows op rows (dense rows, or MoE slots of n_tokens
+// tokens). use_mma: the device has tensor cores the kernels use (sm_80+
+// NVIDIA, not forced to SIMT).
+static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
+                                                   int warps, bool use_mma) {
+    const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
+    const int64_t per_group = !moe ? n_rows : (direct ? 1 : n_tokens);
+    const int     mode      = !moe ? ESCHA_CUDA_DENSE : direct ? ESCHA_CUDA_PER_SLOT : ESCHA_CUDA_GROUPED;
+    const int     family    = !use_mma ? ESCHA_CUDA_SIMT : per_group > 16 ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
+    return escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
+}

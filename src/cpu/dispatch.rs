@@ -1,0 +1,161 @@
+//! The ISA paths ([`Isa`]) and the handle that runs one of them
+//! ([`Kernel`]): the only place that selects a `#[target_feature]` path, and
+//! only after checking that the CPU has it.
+
+use super::batch;
+use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::scalar;
+use crate::transform::output_transform;
+use std::ops::Range;
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+#[cfg(target_arch = "aarch64")]
+use super::neon;
+
+/// An instruction-set path of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+    Neon,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
+    /// Whether this machine can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Every path this machine can run.
+    pub fn all_available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.available()).collect()
+    }
+
+    /// The best available path, optionally capped by the environment
+    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `neon`).
+    pub fn detect() -> Isa {
+        if let Ok(name) = std::env::var("ESCHA_CPU_ISA") {
+            if let Some(isa) = Isa::from_name(&name).filter(|i| i.available()) {
+                return isa;
+            }
+        }
+        [Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
+    }
+
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == name.trim().to_ascii_lowercase())
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// f32 scratch each caller of a block kernel must provide for `m` rows:
+/// `mid [m, 128]` plus the batched path's decoded tiles.
+pub fn scratch_floats(m: usize) -> usize {
+    m * BLOCK_COLS + batch::DECODED_FLOATS
+}
+
+/// A dispatching handle over one ISA path. It can only be made by
+/// [`Kernel::best`] or [`Kernel::with_isa`], which check the CPU, so safe
+/// code never reaches a `#[target_feature]` path this machine lacks:
+///
+/// ```compile_fail
+/// use escha_ggml::cpu::{Isa, Kernel};
+/// let k = Kernel { isa: Isa::Avx512 }; // private field: does not compile
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    isa: Isa,
+}
+
+impl Kernel {
+    /// The path this handle runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The best path of this machine.
+    pub fn best() -> Self {
+        Kernel { isa: Isa::detect() }
+    }
+
+    /// A specific path; `None` if this machine cannot run it.
+    pub fn with_isa(isa: Isa) -> Option<Self> {
+        isa.available().then_some(Kernel { isa })
+    }
+
+    /// `mid [rows, 128]` of one block (scratch from [`scratch_floats`]).
+    pub(crate) fn block_mid(&self, job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+        assert!(job.block * BLOCK_TILES < job.nt_n());
+        assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
+        assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);
+        mid.fill(0.0);
+        match self.isa {
+            // SAFETY (batch::block_mid's list): 1. a Kernel of a SIMD ISA
+            // only exists when the CPU has it (`best`, `with_isa`); 2. the
+            // job was checked above; 3. `mid` holds rows * 128 floats and
+            // `scratch` the rest of `scratch_floats` (run_blocks' split).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { batch::block_mid::<avx2::Avx2>(job, mid, scratch) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { batch::block_mid::<avx512::Avx512>(job, mid, scratch) },
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => unsafe { batch::block_mid::<neon::Neon>(job, mid, scratch) },
+            _ => scalar::block_mid(job, mid),
+        }
+    }
+
+    /// Phase 2 for output blocks `blocks`: for each, the product and the
+    /// output transform of every row in `rows`; `write(row, col0, vals)`
+    /// receives the 128 finished f16-valued outputs of one row.
+    pub(crate) fn run_blocks(
+        &self,
+        job: BlockJob,
+        blocks: Range<usize>,
+        rout_eff: &[f32],
+        bias: Option<&[f32]>,
+        scratch: &mut [f32],
+        mut write: impl FnMut(usize, usize, &[f32]),
+    ) {
+        let m = job.rows.len();
+        let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
+        let mut y16 = [half::f16::ZERO; BLOCK_COLS];
+        let mut out = [0f32; BLOCK_COLS];
+        for block in blocks {
+            let c0 = block * BLOCK_COLS;
+            let cols = c0..c0 + BLOCK_COLS;
+            self.block_mid(&BlockJob { block, ..job }, mid, rest);
+            for (i, &row) in job.rows.iter().enumerate() {
+                let mrow = &mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS];
+                output_transform(mrow, &rout_eff[cols.clone()], bias.map(|b| &b[cols.clone()]), &mut y16);
+                for (o, v) in out.iter_mut().zip(&y16) {
+                    *o = v.to_f32();
+                }
+                write(row, c0, &out);
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The transforms on both sides of every coded linear, shared by the
+//! reference and the CPU kernels: the scale fold, the input transform
+//! `xh = f16(H128(x * rin_eff) * RS)` and the output transform
+//! `y = f16((H128(mid) * RS) * rout_eff)` (+ bias), with the contract's
+//! rounding points (`docs/FORMAT.md` §5).
+
+use crate::hadamard::{h128, RS};
+use half::f16;
+
+/// `rin_eff = f32(rin) * f32(s_in)`, `rout_eff = f32(rout) * f32(s_out)`;
+/// an absent scale leaves the vector as it is. Kept in f32 on purpose.
+pub fn fold_scales(rin: &[f16], rout: &[f16], s_in: Option<&[f32]>, s_out: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
+    (fold(rin, s_in), fold(rout, s_out))
+}
+
+/// One side of [`fold_scales`].
+pub fn fold(r: &[f16], s: Option<&[f32]>) -> Vec<f32> {
+    let mut out = vec![0f32; r.len()];
+    fold_into(r, s, &mut out);
+    out
+}
+
+/// [`fold`] into a caller's buffer (`out.len() == r.len()`).
+pub fn fold_into(r: &[f16], s: Option<&[f32]>, out: &mut [f32]) {
+    match s {
+        Some(s) => out.iter_mut().zip(r.iter().zip(s)).for_each(|(o, (r, s))| *o = r.to_f32() * s),
+        None => out.iter_mut().zip(r).for_each(|(o, r)| *o = r.to_f32()),
+    }
+}
+
+/// `xh = f16(H128(x * rin_eff) * RS)` for one row, returned widened to f32
+/// (the values are exactly f16).
+pub fn input_transform(x: &[f32], rin_eff: &[f32], xh: &mut [f32]) {
+    for ((o, &a), &r) in xh.iter_mut().zip(x).zip(rin_eff) {
+        *o = a * r;
+    }
+    h128(xh);
+    for v in xh.iter_mut() {
+        *v = round_f16(*v * RS);
+    }
+}
+
+/// `y = f16((H128(mid) * RS) * rout_eff)`, then `y = f16(y + bias)` if a
+/// bias is given. `mid` is consumed as scratch.
+pub fn output_transform(mid: &mut [f32], rout_eff: &[f32], bias: Option<&[f32]>, y: &mut [f16]) {
+    h128(mid);
+    for (c, (o, &m)) in y.iter_mut().zip(mid.iter()).enumerate() {
+        let mut v = f16::from_f32((m * RS) * rout_eff[c]);
+        if let Some(b) = bias {
+            v = f16::from_f32(v.to_f32() + b[c]);
+        }
+        *o = v;
+    }
+}
+
+/// f32 -> nearest f16 (RNE) -> f32.
+#[inline(always)]
+pub fn round_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
