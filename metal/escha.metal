@@ -1,7 +1,7 @@
 // Metal kernels for GGML_OP_ESCHA_LINEAR and GGML_OP_ESCHA_MOE (Escha-W2).
 //
 // The numerics are those of docs/FORMAT.md §5/§6 (C reference:
-// ggml-escha/escha_ref.c): the same rounding points, the same Hadamard
+// ggml-escha/ref/escha_ref.c): the same rounding points, the same Hadamard
 // butterfly order; only the f32 order of the `mid` sum differs (lanes and
 // simdgroups each sum a part), which the format's order bound covers.
 //

@@ -4,7 +4,7 @@
 //! same cases as test-backend-ops (K = 2/3, rectangular multi-block shapes,
 //! batches 1/17/33, MoE with prune masks, broadcast and per-slot inputs),
 //! plus the host-side plan (kernels, grids, argument struct, scratch) that
-//! ggml-metal encodes. Built with the `ggml` feature (build.rs).
+//! ggml-metal encodes. Built with the `shims` feature (build/shims.rs).
 #![cfg(escha_metal_shim)]
 
 mod common;

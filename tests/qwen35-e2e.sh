@@ -64,7 +64,7 @@ if [ ! -f "$tok/tokenizer.json" ]; then
 fi
 
 text=docs/FORMAT.md
-source tests/common/kld.sh
+source scripts/lib/kld.sh
 # "model type|parameters" as llama-bench reports them
 described() {
     "$bin/llama-bench" -m "$1" -p 8 -n 0 -r 1 -t "$threads" -o json 2>/dev/null \

@@ -2,7 +2,7 @@
  * escha-format.h: the numeric constants of the Escha-W2 format
  * (docs/FORMAT.md), the one home of each for C, C++, CUDA/HIP and Metal.
  * Included by the C reference, the op constructors and their parser, the
- * llama.cpp loader and the CUDA/HIP kernels; build.rs inlines it into the
+ * llama.cpp loader and the CUDA/HIP kernels; build/tree.rs inlines it into the
  * Metal shader, which ggml-metal compiles without include paths. The Rust
  * side states the same values once, in src/format.rs.
  *
