@@ -21,6 +21,7 @@
 //! input), so misuse is an error value, never a crash.
 
 use crate::ffi::ggml_sys as sys;
+use crate::validate::LinearShape;
 use half::f16;
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString};
@@ -53,13 +54,21 @@ pub struct Backend {
     name: String,
 }
 
-// SAFETY: a ggml backend may be used from any one thread at a time; the
-// API takes &Backend only for graph building and computing on the caller's
-// thread.
+/// # Safety
+/// 1. A ggml backend may be used from any one thread at a time; moving the
+///    owning handle to another thread moves that one user with it.
+/// 2. `Backend` is not `Sync` and every use goes through `&Backend` on the
+///    owner's thread (graph building and computing), so two threads never
+///    use it at once.
+/// 3. The name is an owned `String`; nothing else refers to thread-local
+///    state.
 unsafe impl Send for Backend {}
 
 impl Backend {
     /// ggml's CPU backend with `n_threads` threads (the Rust kernels).
+    ///
+    /// # Errors
+    /// [`GgmlError::BackendInit`] when ggml cannot create the backend.
     pub fn cpu(n_threads: usize) -> Result<Self> {
         // SAFETY: plain constructor; a NULL result is handled.
         let ptr = unsafe { sys::ggml_backend_cpu_init() };
@@ -72,6 +81,9 @@ impl Backend {
 
     /// The CPU backend's reference path (ggml's `use_ref`): the escha ops
     /// run the C reference of the format.
+    ///
+    /// # Errors
+    /// [`GgmlError::BackendInit`] when ggml cannot create the backend.
     pub fn cpu_reference(n_threads: usize) -> Result<Self> {
         let b = Self::cpu(n_threads)?;
         unsafe { sys::ggml_backend_cpu_set_use_ref(b.ptr, true) };
@@ -79,6 +91,10 @@ impl Backend {
     }
 
     /// A backend by ggml's registry name (e.g. "CUDA0").
+    ///
+    /// # Errors
+    /// [`GgmlError::BackendInit`] when the name contains NUL, or no backend
+    /// of that name exists or starts.
     pub fn by_name(name: &str) -> Result<Self> {
         let c = CString::new(name).map_err(|_| GgmlError::BackendInit(name.into()))?;
         let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
@@ -93,6 +109,7 @@ impl Backend {
         Self { ptr, name }
     }
 
+    /// ggml's name of the backend.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -152,6 +169,10 @@ pub struct Graph<'b> {
 const MAX_TENSORS: usize = 64;
 
 impl<'b> Graph<'b> {
+    /// An empty graph on `backend` (room for 64 tensors).
+    ///
+    /// # Errors
+    /// [`GgmlError::ContextInit`] when ggml cannot create the context.
     pub fn new(backend: &'b Backend) -> Result<Self> {
         let mem = unsafe { sys::ggml_tensor_overhead() * MAX_TENSORS + sys::ggml_graph_overhead() };
         let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
@@ -163,6 +184,11 @@ impl<'b> Graph<'b> {
     }
 
     /// A tensor of shape `ne` (ggml order, fastest first) holding `data`.
+    ///
+    /// # Errors
+    /// [`GgmlError::Shape`] when `ne` has no or more than 4 dimensions, a
+    /// dimension is not positive, `data` does not hold their product, or
+    /// `name` contains NUL.
     pub fn tensor<T: Element>(&self, name: &str, ne: &[i64], data: &[T]) -> Result<Tensor<'_>> {
         let shape_err = |detail: String| GgmlError::Shape { name: name.into(), detail };
         if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&n| n <= 0) {
@@ -198,24 +224,24 @@ impl<'b> Graph<'b> {
         Ok(())
     }
 
-    /// Checks a code tensor, returns (K, IC, OC, E).
+    /// Checks a code tensor by the crate's shape rule
+    /// ([`LinearShape::from_code_dims`]), returns (K, IC, OC, E).
     fn code_dims(&self, code: &Tensor, moe: bool) -> Result<(i64, i64, i64, i64)> {
         let ne = code.ne();
-        let err = |d: String| GgmlError::Shape { name: code.name(), detail: d };
+        let name = code.name();
+        let err = |d: String| GgmlError::Shape { name: name.clone(), detail: d };
         if code.ty() != sys::ggml_type::GGML_TYPE_I16 {
             return Err(err(format!("code must be I16, got {:?}", code.ty())));
-        }
-        if ne[0] != 32 && ne[0] != 48 {
-            return Err(err(format!("ne[0] = {} must be 16*K with K 2 or 3", ne[0])));
         }
         if !moe && ne[3] != 1 {
             return Err(err("a dense code is 3-D [16K, OC/16, IC/16]".into()));
         }
-        let (ic, oc) = (ne[2] * 16, ne[1] * 16);
-        if ic % 128 != 0 || oc % 128 != 0 {
-            return Err(err(format!("dimensions must be multiples of 128, got IC={ic} OC={oc}")));
-        }
-        Ok((ne[0] / 16, ic, oc, ne[3]))
+        // ggml's ne is the checkpoint shape [IC/16, OC/16, 16K] reversed.
+        let s = LinearShape::from_code_dims(&name, &[ne[2], ne[1], ne[0]]).map_err(|e| {
+            let msg = e.to_string();
+            err(msg.strip_prefix(&format!("{name}: ")).unwrap_or(&msg).to_string())
+        })?;
+        Ok((s.k as i64, s.ic as i64, s.oc as i64, ne[3]))
     }
 
     fn opt_vec(&self, t: Option<Tensor>, what: &str, n: i64, e: Option<i64>) -> Result<*mut sys::ggml_tensor> {
@@ -251,6 +277,10 @@ impl<'b> Graph<'b> {
 
     /// `GGML_OP_ESCHA_LINEAR`: code `[16K, OC/16, IC/16]` I16, x `[IC, ...]`
     /// F32, rin `[IC]` / rout `[OC]` F16, optional s_in/s_out/bias F32.
+    ///
+    /// # Errors
+    /// [`GgmlError::Shape`], naming the tensor, when an operand breaks the
+    /// shape rule of a coded linear (`validate`) or has the wrong type.
     #[allow(clippy::too_many_arguments)]
     pub fn escha_linear<'g>(
         &'g self,
@@ -275,6 +305,10 @@ impl<'b> Graph<'b> {
     /// `GGML_OP_ESCHA_MOE`: code `[16K, OC/16, IC/16, E]`, x `[IC, NX, T]`
     /// (NX 1 or n_used), ids `[n_used, T]` I32, rin `[IC, E]`, rout
     /// `[OC, E]`, optional s_in/s_out/bias `[n, E]` or shared `[n]`.
+    ///
+    /// # Errors
+    /// [`GgmlError::Shape`], naming the tensor, when an operand breaks the
+    /// shape rule or x and ids disagree on the tokens or slots.
     #[allow(clippy::too_many_arguments)]
     pub fn escha_moe<'g>(
         &'g self,
@@ -324,6 +358,12 @@ impl<'b> Graph<'b> {
 
     /// Allocates the tensors on the backend, uploads the data, computes the
     /// graph ending in `out` and returns `out`'s values.
+    ///
+    /// # Errors
+    /// [`GgmlError::AlreadyComputed`] on a second call,
+    /// [`GgmlError::Unsupported`] (naming the node) when the backend does not
+    /// take a node, [`GgmlError::Alloc`] when the backend buffer cannot be
+    /// allocated, [`GgmlError::Compute`] with ggml's status on failure.
     pub fn compute(&self, out: Tensor) -> Result<Vec<f32>> {
         if !self.buffer.get().is_null() {
             return Err(GgmlError::AlreadyComputed);

@@ -111,6 +111,12 @@ fn cstring(what: &str) -> CString {
 impl GgufFile {
     /// Parses the metadata (ggml's parser) and checks that every tensor's
     /// data lies inside the file.
+    ///
+    /// # Errors
+    /// [`GgufError::Io`] when the file cannot be opened,
+    /// [`GgufError::Parse`] when ggml's parser rejects it, [`GgufError::Key`]
+    /// for an empty or repeated key, [`GgufError::Truncated`] when a tensor's
+    /// data extends past the end of the file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let shown = path.display().to_string();
@@ -184,6 +190,9 @@ impl GgufFile {
     }
 
     /// A string value (None if absent); a value of another type is an error.
+    ///
+    /// # Errors
+    /// [`GgufError::Key`] when the key holds a value of another type.
     pub fn get_str(&self, key: &str) -> Result<Option<String>> {
         let Some(id) = self.key_id(key) else { return Ok(None) };
         if self.kv_type(id) != sys::gguf_type::GGUF_TYPE_STRING {
@@ -194,6 +203,9 @@ impl GgufFile {
     }
 
     /// A u32 value (None if absent).
+    ///
+    /// # Errors
+    /// [`GgufError::Key`] when the key holds a value of another type.
     pub fn get_u32(&self, key: &str) -> Result<Option<u32>> {
         let Some(id) = self.key_id(key) else { return Ok(None) };
         if self.kv_type(id) != sys::gguf_type::GGUF_TYPE_UINT32 {
@@ -204,6 +216,9 @@ impl GgufFile {
     }
 
     /// A bool value (None if absent).
+    ///
+    /// # Errors
+    /// [`GgufError::Key`] when the key holds a value of another type.
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         let Some(id) = self.key_id(key) else { return Ok(None) };
         if self.kv_type(id) != sys::gguf_type::GGUF_TYPE_BOOL {
@@ -214,6 +229,9 @@ impl GgufFile {
     }
 
     /// The raw bytes of one tensor.
+    ///
+    /// # Errors
+    /// [`GgufError::Io`] when seeking or reading fails.
     pub fn read(&self, t: &TensorInfo) -> Result<Vec<u8>> {
         let io = |source| GgufError::Io { path: format!("{} (tensor {})", self.path.display(), t.name), source };
         let mut buf = vec![0u8; t.size];
@@ -225,6 +243,9 @@ impl GgufFile {
 
     /// One tensor as f32 (float types widened, quantized types dequantized
     /// by ggml's own `to_float`).
+    ///
+    /// # Errors
+    /// Those of [`Self::read`] and [`to_f32`].
     pub fn read_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         let bytes = self.read(t)?;
         to_f32(&t.name, t.ty, &bytes, t.n_elements())
@@ -232,6 +253,10 @@ impl GgufFile {
 }
 
 /// `n` values of type `ty` as f32, via ggml's type traits.
+///
+/// # Errors
+/// [`GgufError::Tensor`] when `bytes` does not hold exactly `n` values of
+/// `ty`, [`GgufError::Unsupported`] when ggml cannot convert `ty` to f32.
 pub fn to_f32(name: &str, ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
     let bad = |detail: String| GgufError::Tensor { tensor: name.into(), detail };
     if row_bytes(ty, n as i64) != Some(bytes.len()) {
@@ -319,6 +344,12 @@ impl GgufWriter {
     }
 
     /// Declares a tensor (`ne` in ggml order, 1 to 4 dims).
+    ///
+    /// # Errors
+    /// [`GgufError::Tensor`] for a name that is empty, 64 bytes or longer,
+    /// holds a NUL or was declared before; for a shape that is empty, has
+    /// more than 4 dims or a dim below 1; when `ne[0]` is not a whole number
+    /// of the type's blocks; or when the byte size overflows.
     pub fn add_tensor(&mut self, name: &str, ty: GgmlType, ne: &[i64]) -> Result<()> {
         let bad = |detail: String| GgufError::Tensor { tensor: name.into(), detail };
         // GGML_MAX_NAME is 64 including the terminator.
@@ -344,6 +375,10 @@ impl GgufWriter {
 
     /// Writes the metadata block to `path`; the tensors follow through the
     /// returned stream, in declaration order.
+    ///
+    /// # Errors
+    /// [`GgufError::Tensor`] when ggml cannot make the metadata context,
+    /// [`GgufError::Io`] when the file cannot be created or written.
     pub fn create(mut self, path: impl AsRef<Path>) -> Result<GgufStream> {
         let shown = path.as_ref().display().to_string();
         // Tensor structs for gguf_add_tensor (metadata only, no data).
@@ -392,6 +427,11 @@ pub struct GgufStream {
 
 impl GgufStream {
     /// Writes the next declared tensor's bytes (name and size must match).
+    ///
+    /// # Errors
+    /// [`GgufError::Tensor`] when every declared tensor was written already,
+    /// or `name` is not the next one or `bytes` not its size;
+    /// [`GgufError::Io`] when writing fails.
     pub fn write_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
         let Some((want, size)) = self.specs.get(self.next) else {
             return Err(GgufError::Tensor { tensor: name.into(), detail: "written but never declared".into() });
@@ -411,6 +451,10 @@ impl GgufStream {
     }
 
     /// Checks that every declared tensor was written and flushes.
+    ///
+    /// # Errors
+    /// [`GgufError::Tensor`] naming the first declared tensor not written,
+    /// [`GgufError::Io`] when flushing fails.
     pub fn finish(mut self) -> Result<()> {
         if let Some((name, _)) = self.specs.get(self.next) {
             return Err(GgufError::Tensor { tensor: name.clone(), detail: "declared but never written".into() });

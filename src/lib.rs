@@ -2,11 +2,11 @@
 //! for the llama.cpp / ggml ecosystem.
 //!
 //! Layers, from the contract outwards:
-//! - [`format`]: the format's numeric constants (tile, block, RS, codebook);
+//! - [`format`](mod@format): the format's numeric constants (tile, block, RS, codebook);
 //! - [`codec`]: codebook, bitstream, tile order, `reconstruct`;
 //! - [`hadamard`]: the 128-point Walsh-Hadamard transform and its scale;
 //! - [`transform`]: the scale fold and the input / output transforms;
-//! - [`reference`]: the linear / MoE forward exactly as the contract states;
+//! - [`reference`](mod@reference): the linear / MoE forward exactly as the contract states;
 //! - [`validate`]: shape and checkpoint-leaf validation with named errors;
 //! - [`contract`]: the GGUF tensor contract, checked as llama.cpp's loader does;
 //! - [`cpu`]: fast decode-and-multiply kernels (runtime SIMD dispatch);

@@ -79,6 +79,12 @@ fn parent_exists(path: &Path) -> Result<()> {
 
 impl Output {
     /// A file output; see the module docs for what is refused.
+    ///
+    /// # Errors
+    /// Fails when the output or its `.partial` is one of `inputs`, when the
+    /// output is a symbolic link to nothing or exists and is not a regular
+    /// file, when its `.partial` exists and is not a regular file, or when
+    /// its directory does not exist.
     pub fn file(output: &Path, inputs: &[&Path]) -> Result<Self> {
         let target = match std::fs::symlink_metadata(output) {
             Ok(m) if m.file_type().is_symlink() => {
@@ -108,6 +114,11 @@ impl Output {
     }
 
     /// A directory output, which must not exist yet.
+    ///
+    /// # Errors
+    /// Fails when the output exists (saying so if it is one of `inputs`),
+    /// when its directory does not exist, when its `.partial` is an input or
+    /// exists, or when the `.partial` directory cannot be created.
     pub fn dir(output: &Path, inputs: &[&Path]) -> Result<Self> {
         if let Ok(m) = std::fs::symlink_metadata(output) {
             not_an_input("output", output, inputs)?;
@@ -133,6 +144,9 @@ impl Output {
     }
 
     /// Moves the complete output into place.
+    ///
+    /// # Errors
+    /// Fails when the rename fails; the `.partial` is then removed.
     pub fn commit(mut self) -> Result<()> {
         std::fs::rename(&self.partial, &self.target).with_context(|| format!("renaming {} to {}", self.partial.display(), self.target.display()))?;
         self.committed = true;

@@ -31,6 +31,11 @@ pub struct Linear<'a> {
 
 impl<'a> Linear<'a> {
     /// Checks every length and that the scale vectors are finite.
+    ///
+    /// # Errors
+    /// [`EschaError::BadLength`] for a code or vector of the wrong length,
+    /// [`EschaError::NonFinite`] for a NaN or infinity in `rin`, `rout`,
+    /// `s_in`, `s_out` or `bias`.
     pub fn validate(&self) -> Result<()> {
         let (n, s) = (self.name, self.shape);
         check_len(n, "code", self.code.len(), s.code_len())?;
@@ -64,6 +69,10 @@ fn check_x(name: &str, x: &[f32], rows: usize, ic: usize) -> Result<()> {
 }
 
 /// Reference dense linear: `x [M, IC]` -> `y [M, OC]` (f16).
+///
+/// # Errors
+/// Those of [`Linear::validate`], and [`EschaError::BadLength`] when `x`
+/// does not hold `m * IC` values.
 pub fn linear(l: &Linear, x: &[f32], m: usize) -> Result<Vec<f16>> {
     l.validate()?;
     check_x(l.name, x, m, l.shape.ic)?;
@@ -118,6 +127,13 @@ fn expert_slice<T>(v: &[T], e: usize, n: usize) -> &[T] {
 }
 
 impl<'a> Moe<'a> {
+    /// Checks every length (`s_in`, `s_out`, `bias` `[n]` or `[E, n]`) and
+    /// that every expert's vectors are finite.
+    ///
+    /// # Errors
+    /// [`EschaError::BadLength`] for a code or vector of the wrong length,
+    /// [`EschaError::NonFinite`] for a NaN or infinity in any expert's
+    /// vectors.
     pub fn validate(&self) -> Result<()> {
         let s = self.shape;
         check_len(self.name, "code", self.code.len(), s.code_len())?;
@@ -168,6 +184,11 @@ pub struct Routing<'a> {
 
 impl<'a> Routing<'a> {
     /// Checks ids against the expert count and the x layout.
+    ///
+    /// # Errors
+    /// [`EschaError::BadLength`] when `ids` does not hold `tokens * n_used`
+    /// values, [`EschaError::Shape`] when `nx` is 0 or does not divide
+    /// `n_used`, [`EschaError::BadExpertId`] for an id outside `0..n_expert`.
     pub fn validate(&self, name: &str, n_expert: usize) -> Result<()> {
         check_len(name, "ids", self.ids.len(), self.tokens * self.n_used)?;
         if self.nx == 0 || !self.n_used.is_multiple_of(self.nx) {
@@ -198,6 +219,11 @@ impl<'a> Routing<'a> {
 }
 
 /// Reference expert-indexed linear: `y [T, n_used, OC]`.
+///
+/// # Errors
+/// Those of [`Moe::validate`] and [`Routing::validate`], and
+/// [`EschaError::BadLength`] when `x` does not hold `tokens * nx * IC`
+/// values.
 pub fn moe(p: &Moe, x: &[f32], r: &Routing) -> Result<Vec<f16>> {
     p.validate()?;
     r.validate(p.name, p.shape.e)?;

@@ -45,6 +45,13 @@ fn bad(path: &Path, detail: impl std::fmt::Display) -> anyhow::Error {
 
 /// Reads the header of one safetensors file and checks every tensor's
 /// extent against the file.
+///
+/// # Errors
+/// Fails when the file cannot be opened or read, when the header length
+/// does not fit the file (or exceeds 100 MiB), when the header is not a JSON
+/// object, or when a tensor lacks a string `dtype`, a `shape` or valid
+/// `data_offsets`, has an unknown dtype, or has data outside the file or of
+/// a size its shape does not give.
 pub fn read_header(path: &Path) -> anyhow::Result<Vec<StTensor>> {
     let mut f = File::open(path).map_err(|e| bad(path, e))?;
     let len = f.metadata()?.len();
@@ -92,6 +99,10 @@ pub fn read_header(path: &Path) -> anyhow::Result<Vec<StTensor>> {
 }
 
 impl StTensor {
+    /// The tensor's raw bytes.
+    ///
+    /// # Errors
+    /// Fails when its file cannot be opened, sought or read.
     pub fn read(&self) -> anyhow::Result<Vec<u8>> {
         let mut f = File::open(&self.file)?;
         f.seek(SeekFrom::Start(self.offset))?;
@@ -102,6 +113,9 @@ impl StTensor {
 
     /// What the leaf contract (`validate::validate_leaves`) needs of this
     /// tensor: dtype, shape and, for `escha_config`, its int32 values.
+    ///
+    /// # Errors
+    /// Those of [`Self::read`] for an I32 `escha_config`.
     pub fn leaf(&self) -> anyhow::Result<Leaf> {
         let dtype = match self.dtype.as_str() {
             "I16" => LeafDtype::I16,
@@ -123,6 +137,10 @@ impl StTensor {
         matches!(self.dtype.as_str(), "F32" | "F16" | "BF16")
     }
 
+    /// The values widened to f32 (F32, F16 or BF16).
+    ///
+    /// # Errors
+    /// Those of [`Self::read`], and a failure for any other dtype.
     pub fn read_f32(&self) -> anyhow::Result<Vec<f32>> {
         let b = self.read()?;
         Ok(match self.dtype.as_str() {
@@ -142,6 +160,11 @@ pub struct StWriter {
 }
 
 impl StWriter {
+    /// Declares a tensor.
+    ///
+    /// # Errors
+    /// Fails for an unknown dtype, a name declared before, or a shape whose
+    /// byte size overflows.
     pub fn add(&mut self, name: &str, dtype: &str, shape: &[usize]) -> anyhow::Result<()> {
         let es = dtype_size(dtype).ok_or_else(|| anyhow::anyhow!("tensor {name}: unknown dtype {dtype}"))?;
         if self.entries.iter().any(|e| e.0 == name) {
@@ -156,6 +179,12 @@ impl StWriter {
         self.metadata.insert(key.into(), Value::String(value.into()));
     }
 
+    /// Writes the header to `path`; the data follows through the returned
+    /// stream, in declaration order.
+    ///
+    /// # Errors
+    /// Fails when the data offsets overflow, or the file cannot be created
+    /// or written.
     pub fn create(self, path: &Path) -> anyhow::Result<StStream> {
         let mut header = Map::new();
         if !self.metadata.is_empty() {
@@ -186,6 +215,11 @@ pub struct StStream {
 }
 
 impl StStream {
+    /// Writes the next declared tensor's bytes.
+    ///
+    /// # Errors
+    /// Fails when `name` is not the next declared tensor or `bytes` is not
+    /// its size, or when writing fails.
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
         match self.entries.get(self.next) {
             Some((n, s)) if n == name && *s == bytes.len() => {}
@@ -196,6 +230,10 @@ impl StStream {
         Ok(())
     }
 
+    /// Checks that every declared tensor was written and flushes.
+    ///
+    /// # Errors
+    /// Fails when a declared tensor was never written, or flushing fails.
     pub fn finish(mut self) -> anyhow::Result<()> {
         if let Some((n, _)) = self.entries.get(self.next) {
             anyhow::bail!("tensor {n} declared but never written");

@@ -44,6 +44,11 @@ fn tiles_dim(tensor: &str, what: &'static str, tiles: i64) -> Result<usize> {
 
 impl LinearShape {
     /// Validated shape; K is 2 or 3, IC and OC positive multiples of 128.
+    ///
+    /// # Errors
+    /// [`EschaError::BadK`] when K is not 2 or 3 ([`EschaError::BadLastDim`]
+    /// for K = 0), [`EschaError::NotMultipleOf128`] when IC or OC is 0 or not
+    /// a multiple of 128.
     pub fn new(tensor: &str, k: usize, ic: usize, oc: usize) -> Result<Self> {
         k_from_last_dim(tensor, 16 * k as i64)?;
         for (what, v) in [("IC", ic), ("OC", oc)] {
@@ -56,6 +61,12 @@ impl LinearShape {
 
     /// From a dense code's checkpoint shape `[IC/16, OC/16, 16K]`.
     /// K comes from the last dimension, never from metadata.
+    ///
+    /// # Errors
+    /// [`EschaError::Shape`] when `dims` is not 3-D,
+    /// [`EschaError::BadLastDim`] or [`EschaError::BadK`] when the last
+    /// dimension is not 32 or 48, [`EschaError::NotMultipleOf128`] when a tile
+    /// count is not positive or 16 times it is not a multiple of 128.
     pub fn from_code_dims(tensor: &str, dims: &[i64]) -> Result<Self> {
         if dims.len() != 3 {
             return Err(EschaError::Shape {
@@ -82,6 +93,10 @@ impl LinearShape {
 
 impl MoeShape {
     /// From an expert code's checkpoint shape `[E, IC/16, OC/16, 16K]`.
+    ///
+    /// # Errors
+    /// [`EschaError::Shape`] when `dims` is not 4-D or E is not positive;
+    /// those of [`LinearShape::from_code_dims`] for the other three.
     pub fn from_code_dims(tensor: &str, dims: &[i64]) -> Result<Self> {
         if dims.len() != 4 {
             return Err(EschaError::Shape {
@@ -96,6 +111,10 @@ impl MoeShape {
         Ok(Self { k: l.k, e: dims[0] as usize, ic: l.ic, oc: l.oc })
     }
 
+    /// Validated shape of `e` experts of `(k, ic, oc)`.
+    ///
+    /// # Errors
+    /// Those of [`LinearShape::new`], and [`EschaError::Shape`] when `e` is 0.
     pub fn new(tensor: &str, k: usize, e: usize, ic: usize, oc: usize) -> Result<Self> {
         let l = LinearShape::new(tensor, k, ic, oc)?;
         if e == 0 {
@@ -121,6 +140,9 @@ impl MoeShape {
 }
 
 /// Checks a vector's length.
+///
+/// # Errors
+/// [`EschaError::BadLength`] when `got != expected`.
 pub fn check_len(tensor: &str, what: &'static str, got: usize, expected: usize) -> Result<()> {
     if got != expected {
         return Err(EschaError::BadLength { tensor: tensor.into(), what, got, expected });
@@ -129,6 +151,9 @@ pub fn check_len(tensor: &str, what: &'static str, got: usize, expected: usize) 
 }
 
 /// Rejects NaN / inf in a scale vector (they would silently poison outputs).
+///
+/// # Errors
+/// [`EschaError::NonFinite`] at the first NaN or infinity.
 pub fn check_finite(tensor: &str, what: &'static str, v: impl IntoIterator<Item = f32>) -> Result<()> {
     for (index, value) in v.into_iter().enumerate() {
         if !value.is_finite() {
@@ -140,6 +165,9 @@ pub fn check_finite(tensor: &str, what: &'static str, v: impl IntoIterator<Item 
 
 /// `v` itself when every value is finite ([`check_finite`] on a whole
 /// tensor read from a file).
+///
+/// # Errors
+/// [`EschaError::NonFinite`] at the first NaN or infinity.
 pub fn finite(tensor: &str, v: Vec<f32>) -> Result<Vec<f32>> {
     check_finite(tensor, "value", v.iter().copied())?;
     Ok(v)
@@ -205,6 +233,13 @@ fn expect_shape(prefix: &str, leaf: &str, l: &Leaf, dtypes: &[LeafDtype], expect
 /// coded linear against the leaf contract. `leaves` maps leaf name (without
 /// the prefix) to its description; non-escha leaves other than `bias` are
 /// ignored (they belong to other tensors of the module).
+///
+/// # Errors
+/// [`EschaError::UnknownLeaf`] for an `escha_*` leaf outside the contract,
+/// [`EschaError::MissingLeaf`] for a missing required leaf, the errors of
+/// [`LinearShape::from_code_dims`] / [`MoeShape::from_code_dims`] for the
+/// code, [`EschaError::Shape`] or [`EschaError::BadLength`] for a leaf of
+/// the wrong dtype or shape, and those of [`check_config`].
 pub fn validate_leaves(prefix: &str, leaves: &BTreeMap<String, Leaf>) -> Result<CodedLeaves> {
     for name in leaves.keys() {
         if name.starts_with("escha_") && !REQUIRED_LEAVES.contains(&name.as_str()) && !OPTIONAL_LEAVES.contains(&name.as_str()) {
@@ -261,6 +296,12 @@ pub fn validate_leaves(prefix: &str, leaves: &BTreeMap<String, Leaf>) -> Result<
 /// `escha_config`: dense `[16, K, 2, 1, IC, OC]`; MoE
 /// `[16, K, 2, 1, E, in_f, out_f, in_p, out_p]` with `in_p == in_f`,
 /// `out_p == out_f`. Entry 3 is the codebook id (must be 1).
+///
+/// # Errors
+/// [`EschaError::Shape`] when `cfg.ints` is `None`,
+/// [`EschaError::BadCodebook`] when entry 3 is not 1,
+/// [`EschaError::ConfigDisagrees`] when the entry count, tile size, K,
+/// entry 2, E or the dimensions disagree with the code.
 pub fn check_config(tensor: &str, cfg: &Leaf, experts: Option<usize>, shape: LinearShape) -> Result<()> {
     let v = cfg.ints.as_deref().ok_or_else(|| EschaError::Shape {
         tensor: tensor.into(),

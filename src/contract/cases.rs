@@ -18,7 +18,7 @@ pub enum Edit {
     Key(&'static str, u32),
     /// `escha.apply_bias` as a string.
     ApplyBiasNotBool,
-    /// An extra `S.escha_rotation` F32 [4].
+    /// An extra `S.escha_rotation` F32 `[4]`.
     UnknownLeaf,
     /// `S.escha_rin` reshaped to `{IC/2, 2}`.
     RinTwoDims,

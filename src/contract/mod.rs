@@ -1,5 +1,5 @@
 //! The GGUF tensor contract of `docs/FORMAT.md` §8, checked exactly as
-//! llama.cpp's loader checks it (`ggml-escha/llama-escha.cpp`), so that
+//! llama.cpp's loader checks it (`ggml-escha/llama/llama-escha.cpp`), so that
 //! `escha decode` accepts a file if and only if the loader would, and
 //! `escha quantize` can check what it wrote. Every error names the key or
 //! tensor.
@@ -79,6 +79,15 @@ fn expect(t: &TensorInfo, types: &[GgmlType], ne: [i64; 4]) -> Result<()> {
 
 /// Checks the metadata and every coded weight's tensors (types, shapes,
 /// leaf names) and returns the coded weights in file order.
+///
+/// # Errors
+/// Fails, naming the key or tensor, when `escha.format_version` is not
+/// u32 2, `escha.codebook` not u32 1 or `escha.apply_bias` not a bool; when
+/// a global `escha_*` table or an unknown `S.escha_*` leaf is present; when
+/// a stem has sidecars but no `escha_code`, or both `.weight` and
+/// `.escha_code`; when a code is not I16 `{16K, OC/16, IC/16, E}` with K 2
+/// or 3, E positive and IC, OC positive multiples of 128; or when `rin` /
+/// `rout` is missing or a leaf has the wrong type or shape.
 pub fn coded_weights(src: &GgufFile) -> Result<Vec<CodedGguf<'_>>> {
     check_keys(src)?;
     let mut seen = HashSet::new();
@@ -109,17 +118,12 @@ pub fn coded_weights(src: &GgufFile) -> Result<Vec<CodedGguf<'_>>> {
             bail!("{}: type {}, escha codes are i16", code.name, code.type_name());
         }
         let [k16, nt, kt, e] = code.ne;
-        if k16 != 32 && k16 != 48 {
-            bail!("{}: ne[0] = {k16} is not 16*K with K = 2 or 3", code.name);
-        }
         if e < 1 {
             bail!("{}: expert count ne[3] = {e} must be positive", code.name);
         }
-        let (ic, oc) = (kt.saturating_mul(16), nt.saturating_mul(16));
-        if ic % 128 != 0 || oc % 128 != 0 {
-            bail!("{}: IC = {ic} and OC = {oc} must be multiples of 128", code.name);
-        }
-        let shape = LinearShape::new(&code.name, (k16 / 16) as usize, ic as usize, oc as usize)?;
+        // The crate's shape rule, on the checkpoint order [IC/16, OC/16, 16K].
+        let shape = LinearShape::from_code_dims(&code.name, &[kt, nt, k16])?;
+        let (ic, oc) = (shape.ic as i64, shape.oc as i64);
         let need = |leaf: &str| get(stem, leaf).ok_or_else(|| anyhow::anyhow!("{stem}.{leaf}: missing (required with {stem}.escha_code)"));
         let (f16t, f32t) = ([GgmlType::GGML_TYPE_F16], [GgmlType::GGML_TYPE_F32]);
         let (rin, rout) = (need("escha_rin")?, need("escha_rout")?);
@@ -153,6 +157,11 @@ pub struct CodedData {
 impl CodedGguf<'_> {
     /// Reads the vectors and checks that each is finite (the loader's check
     /// after loading), naming the tensor and index; `code` is left empty.
+    ///
+    /// # Errors
+    /// The [`crate::gguf::GgufError`] of a vector that cannot be read or
+    /// converted ([`GgufFile::read_f32`]), [`crate::EschaError::NonFinite`]
+    /// for a NaN or infinity.
     pub fn read_vectors(&self, src: &GgufFile) -> Result<CodedData> {
         let vector = |t: &TensorInfo| -> Result<Vec<f32>> { Ok(finite(&t.name, src.read_f32(t)?)?) };
         let halves = |t: &TensorInfo| -> Result<Vec<f16>> { Ok(vector(t)?.into_iter().map(f16::from_f32).collect()) };
@@ -167,6 +176,10 @@ impl CodedGguf<'_> {
     }
 
     /// [`Self::read_vectors`] and the code.
+    ///
+    /// # Errors
+    /// Those of [`Self::read_vectors`], and [`crate::gguf::GgufError::Io`]
+    /// when the code cannot be read.
     pub fn read(&self, src: &GgufFile) -> Result<CodedData> {
         let mut d = self.read_vectors(src)?;
         d.code = src.read(self.code)?.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
@@ -176,6 +189,10 @@ impl CodedGguf<'_> {
 
 /// The whole check of a file: [`coded_weights`] and every vector's values.
 /// Returns the number of coded weights.
+///
+/// # Errors
+/// Those of [`coded_weights`], and of [`CodedGguf::read_vectors`] for each
+/// coded weight.
 pub fn check(src: &GgufFile) -> Result<usize> {
     let coded = coded_weights(src)?;
     for c in &coded {

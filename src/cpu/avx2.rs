@@ -21,6 +21,8 @@ type Tabs = [[GroupWindow<8>; 4]; 2];
 static TAB2: Tabs = group_windows::<8, 4>(2, &identity());
 static TAB3: Tabs = group_windows::<8, 4>(3, &identity());
 
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ld8(v: &[u32; 8]) -> __m256i {
@@ -28,6 +30,11 @@ unsafe fn ld8(v: &[u32; 8]) -> __m256i {
 }
 
 /// The 8 lane windows of group `gw`.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `gw.base + 8 <= EXT_WORDS` (true of every entry of `TAB2` and
+///    `TAB3`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
@@ -38,6 +45,9 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 }
 
 /// Codebook values of 8 states (in the low 16 bits of each lane).
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cb8(s: __m256i) -> __m256 {
@@ -53,6 +63,9 @@ unsafe fn cb8(s: __m256i) -> __m256 {
 }
 
 /// State vector (g, j) from the group's windows.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
@@ -61,6 +74,10 @@ unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
 }
 
 /// The 4 input vectors of one 16-row tile row: `xv[j&3]` pairs with state j.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `x` is valid for reads of 16 floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
@@ -78,6 +95,10 @@ unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
 }
 
 /// Decodes one tile and accumulates it against one row's input vectors.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m256; 4], acc: &mut [__m256; 8]) {
@@ -94,6 +115,9 @@ unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__
 
 /// Sums each accumulator's lanes 0..4 (positions 0,1,4,5 in LANE_PERM
 /// order) and 4..8 (positions 2,3,6,7) into the tile's 16 columns.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
@@ -112,6 +136,9 @@ unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
     }
 }
 
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
@@ -119,6 +146,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let mut ext = [0u32; EXT_WORDS];
     for kt in 0..job.kt_n() {
         job.prefetch_tile_row(kt + PREFETCH_ROWS);
+        // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
             job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
@@ -138,6 +166,10 @@ super::batch::tile_ops!(Avx2);
 /// rows `2k + rj` (k = 0..3) of columns `8*(j>>2) + 2g + {0, 1}`; pairing
 /// positions (0,2), (1,3), (4,6), (5,7) gives row k's two columns of each
 /// g, and a 4x4 transpose of those 64-bit pairs gives row k's 8 columns.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
@@ -172,8 +204,15 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     }
 }
 
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+/// 3. `dec` holds `kc * 8 * 256` floats (`kc` decoded tile rows).
+/// 4. `mid` holds at least `(i0 + R) * 128` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    // SAFETY: every raw access below is inside `dec` (3.), `mid` (4.) or a
+    // 16-float tile of `xh` (`xh_ptrs`).
     let xp = xh_ptrs::<R>(job, i0, kt0, kc);
     for tl in 0..BLOCK_TILES {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];

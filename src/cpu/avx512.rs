@@ -18,6 +18,8 @@ static TAB2: Tabs = group_windows::<16, 2>(2, &identity());
 static TAB3: Tabs = group_windows::<16, 2>(3, &identity());
 static LANES_TO_ROWS: [u8; 256] = lane_to_rowmajor::<16>(&identity());
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn ld16(v: &[u32; 16]) -> __m512i {
@@ -25,6 +27,11 @@ unsafe fn ld16(v: &[u32; 16]) -> __m512i {
 }
 
 /// The 16 lane windows of group `gw`.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `gw.base + 16 <= EXT_WORDS` (true of every entry of `TAB2` and
+///    `TAB3`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<16>) -> __m512i {
@@ -35,6 +42,9 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<16>) -> __m512i {
 }
 
 /// Codebook values of 16 states.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn cb16(s: __m512i) -> __m512 {
@@ -47,6 +57,8 @@ unsafe fn cb16(s: __m512i) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))
 }
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn states<const K: usize>(w: &[__m512i; 2], j: usize) -> __m512i {
@@ -55,6 +67,10 @@ unsafe fn states<const K: usize>(w: &[__m512i; 2], j: usize) -> __m512i {
 }
 
 /// `xv[j&3]`: inputs of rows `2*(i&3) + rj` for the 16 lanes.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `x` is valid for reads of 16 floats.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
@@ -68,6 +84,9 @@ unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
     ]
 }
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, g: usize) -> [__m512i; 2] {
@@ -76,6 +95,10 @@ unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, 
 }
 
 /// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
@@ -89,6 +112,9 @@ unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__
 }
 
 /// Each quarter of `acc[g*2 + jh]` sums into column `4g + 8jh + quarter`.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
@@ -103,6 +129,9 @@ unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
     }
 }
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 #[target_feature(enable = "avx512f")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
@@ -110,6 +139,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let mut ext = [0u32; EXT_WORDS];
     for kt in 0..job.kt_n() {
         job.prefetch_tile_row(kt + PREFETCH_ROWS);
+        // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
             job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
@@ -123,6 +153,9 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
 
 super::batch::tile_ops!(Avx512);
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 #[target_feature(enable = "avx512f")]
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
@@ -138,8 +171,15 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
 }
 
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+/// 3. `dec` holds `kc * 8 * 256` floats (`kc` decoded tile rows).
+/// 4. `mid` holds at least `(i0 + R) * 128` floats.
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    // SAFETY: every raw access below is inside `dec` (3.), `mid` (4.) or a
+    // 16-float tile of `xh` (`xh_ptrs`).
     let xp = xh_ptrs::<R>(job, i0, kt0, kc);
     for tl in 0..BLOCK_TILES {
         let mut acc = [_mm512_setzero_ps(); R];

@@ -41,8 +41,11 @@ pub(crate) trait TileOps {
     /// start at tile row `kt0`, accumulated into `mid [rows, 128]`.
     ///
     /// # Safety
-    /// 1. and 2. as for `decode_rows`.
-    /// 3. `dec` holds `kc * 8` decoded tiles and `mid` `job.rows.len() * 128` floats.
+    /// 1. The CPU supports the ISA.
+    /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+    /// 3. `dec` holds `kc * 8` decoded tiles (`kc * 8 * 256` floats).
+    /// 4. `mid` holds at least `(i0 + R) * 128` floats (`job.rows.len() * 128`
+    ///    with `i0 + R <= job.rows.len()`).
     unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]);
 }
 
@@ -54,14 +57,27 @@ macro_rules! tile_ops {
         pub(super) struct $isa;
 
         impl super::batch::TileOps for $isa {
+            /// # Safety
+            /// 1. The CPU supports this ISA.
+            /// 2. `job` is consistent (checked by `Kernel::block_mid`).
             #[inline]
             unsafe fn gemv<const K: usize>(job: &super::job::BlockJob, mid: &mut [f32]) {
+                // SAFETY: the free function's 1. and 2. are ours.
                 gemv::<K>(job, mid)
             }
+            /// # Safety
+            /// 1. The CPU supports this ISA.
+            /// 2. `job` is consistent (checked by `Kernel::block_mid`).
             #[inline]
             unsafe fn decode_rows<const K: usize>(job: &super::job::BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+                // SAFETY: the free function's 1. and 2. are ours.
                 decode_rows::<K>(job, kt, nt, out)
             }
+            /// # Safety
+            /// 1. The CPU supports this ISA.
+            /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+            /// 3. `dec` holds `kc * 8 * 256` floats.
+            /// 4. `mid` holds at least `(i0 + R) * 128` floats.
             #[inline]
             unsafe fn rows_fma<const R: usize>(
                 job: &super::job::BlockJob,
@@ -71,6 +87,7 @@ macro_rules! tile_ops {
                 dec: &[f32],
                 mid: &mut [f32],
             ) {
+                // SAFETY: the free function's 1. to 4. are ours.
                 rows_fma::<R>(job, i0, kt0, kc, dec, mid)
             }
         }
@@ -82,10 +99,12 @@ pub(crate) use tile_ops;
 /// the batched product for more (`mid` zeroed by the caller).
 ///
 /// # Safety
-/// 1. and 2. as for [`TileOps::decode_rows`].
+/// 1. The CPU supports the ISA of `T`.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 /// 3. `mid` holds `job.rows.len() * 128` floats and `scratch` at least
 ///    [`DECODED_FLOATS`].
 pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    // SAFETY: 1. and 2. pass on to `gemv` and `gemm`; 3. is `gemm`'s 3.
     match (job.k, job.rows.len()) {
         (2, 1) => T::gemv::<2>(job, mid),
         (3, 1) => T::gemv::<3>(job, mid),
@@ -97,7 +116,10 @@ pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scra
 /// The batched product of one block (`mid` zeroed by the caller).
 ///
 /// # Safety
-/// As for [`block_mid`].
+/// 1. The CPU supports the ISA of `T`.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+/// 3. `mid` holds `job.rows.len() * 128` floats and `scratch` at least
+///    [`DECODED_FLOATS`].
 unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
     let m = job.rows.len();
     let dec = &mut scratch[..DECODED_FLOATS];
@@ -108,9 +130,12 @@ unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, mid: &mut [f32], scra
         for c in 0..kc {
             for tl in 0..BLOCK_TILES {
                 let out = &mut dec[(c * BLOCK_TILES + tl) * TILE_VALUES..][..TILE_VALUES];
+                // SAFETY: decode_rows' 1. and 2. are ours.
                 T::decode_rows::<K>(job, kt0 + c, job.block * BLOCK_TILES + tl, out);
             }
         }
+        // SAFETY (rows_fma's list): 1. and 2. are ours; 3. `dec` holds
+        // KC * 8 tiles and kc <= KC; 4. i + R <= m and `mid` holds m * 128.
         let mut i = 0;
         while i + RB <= m {
             T::rows_fma::<RB>(job, i, kt0, kc, dec, mid);

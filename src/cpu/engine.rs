@@ -91,6 +91,10 @@ impl ExpertGroups {
 
 impl<'a> CpuEngine<'a> {
     /// Validates `p` (lengths, finite scales).
+    ///
+    /// # Errors
+    /// [`crate::EschaError::BadLength`] or [`crate::EschaError::NonFinite`]
+    /// from [`Moe::validate`].
     pub fn new(p: &Moe<'a>, kernel: Kernel) -> Result<Self> {
         p.validate()?;
         Ok(Self::new_unchecked(p, kernel))
@@ -110,6 +114,11 @@ impl<'a> CpuEngine<'a> {
     }
 
     /// Whole forward on the calling thread: `y [T, n_used, OC]`.
+    ///
+    /// # Errors
+    /// Those of [`Routing::validate`] against this engine's expert count, and
+    /// [`crate::EschaError::BadLength`] when `x` does not hold
+    /// `tokens * nx * IC` values.
     pub fn forward(&self, x: &[f32], r: &Routing) -> Result<Vec<f32>> {
         r.validate(self.name, self.shape.e)?;
         check_len(self.name, "x", x.len(), r.tokens * r.nx * self.shape.ic)?;
@@ -119,12 +128,15 @@ impl<'a> CpuEngine<'a> {
     /// Whole forward of prepared slots on the calling thread: `y [slots, OC]`.
     pub fn forward_slots(&self, slots: &Slots) -> Vec<f32> {
         let mut xh = vec![0f32; slots.len() * self.shape.ic];
-        // SAFETY: xh holds slots*IC floats, exclusively borrowed.
+        // SAFETY: 1. xh holds slots * IC floats; 2. and 3. the only caller
+        // (0 of 1), and xh is exclusively borrowed.
         unsafe { self.transform_input_shared(slots, xh.as_mut_ptr(), 0, 1) };
         let groups = ExpertGroups::new(&slots.experts, self.shape.e);
         let mut y = vec![0f32; slots.len() * self.shape.oc];
         let mut scratch = vec![0f32; self.scratch_floats(&groups)];
-        // SAFETY: y holds every slot's OC outputs and this is the only writer.
+        // SAFETY: 1. y holds slots * OC floats; 2. groups from
+        // `ExpertGroups::new`, the only caller (0 of 1); 3. y is exclusively
+        // borrowed; 4. phase 1 finished above.
         unsafe { self.compute_shared(&xh, &groups, y.as_mut_ptr(), 0, 1, &mut scratch) };
         y
     }
@@ -134,9 +146,10 @@ impl<'a> CpuEngine<'a> {
     /// folded `rin * s_in`.
     ///
     /// # Safety
-    /// `xh` must be valid for writes of `slots * IC` floats; concurrent
-    /// callers must use the same `nth`, distinct `ith`, and nothing else may
-    /// access `xh` until all have finished.
+    /// 1. `xh` is valid for writes of `slots.len() * IC` floats.
+    /// 2. Concurrent callers pass the same `slots` and `nth` and distinct
+    ///    `ith` (they then write disjoint rows of `xh`).
+    /// 3. Nothing else reads or writes `xh` until every caller has finished.
     pub unsafe fn transform_input_shared(&self, slots: &Slots, xh: *mut f32, ith: usize, nth: usize) {
         let ic = self.shape.ic;
         let n = slots.len();
@@ -150,6 +163,9 @@ impl<'a> CpuEngine<'a> {
                 fold_into(l.rin, l.s_in, &mut rin_eff);
                 folded_for = e;
             }
+            // SAFETY (input_transform_row's list): 1. row s < n of an
+            // `n * IC` buffer (our 1.); 2. slot s is this caller's alone
+            // (our 2. and 3.).
             input_transform_row(slots.x[s], &rin_eff, xh, n, s, &mut tmp);
         }
     }
@@ -158,9 +174,13 @@ impl<'a> CpuEngine<'a> {
     /// units: products and output transforms into `y [slots, OC]`.
     ///
     /// # Safety
-    /// `y` must be valid for writes of `slots * OC` floats; concurrent
-    /// callers must use the same `nth`, distinct `ith`, and nothing else may
-    /// access `y` meanwhile. `xh` must be complete (all of phase 1 done).
+    /// 1. `y` is valid for writes of `groups.slots.len() * OC` floats (one
+    ///    row per slot).
+    /// 2. Concurrent callers pass the same `groups` and `nth` and distinct
+    ///    `ith`, and `groups` lists each slot once (as [`ExpertGroups::new`]
+    ///    builds it): they then write disjoint (expert, block) units of `y`.
+    /// 3. Nothing else reads or writes `y` until every caller has finished.
+    /// 4. `xh` is complete: every caller's phase 1 has finished.
     pub unsafe fn compute_shared(&self, xh: &[f32], groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
         let MoeShape { k, e: n_exp, ic, oc } = self.shape;
         let nb = oc / BLOCK_COLS;
@@ -181,7 +201,9 @@ impl<'a> CpuEngine<'a> {
             fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
             let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows: groups.of(e), block: 0 };
             self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
-                // SAFETY: row is a slot index < slots and c0 + 128 <= OC.
+                // SAFETY: 1. row < slots (asserted by `Kernel::block_mid`)
+                // and c0 + 128 <= OC; 2. and 3. no one else writes these
+                // 128 floats of row `row`.
                 unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(row * oc + c0), v.len()) }
             });
             unit += b1 - b0;

@@ -1,5 +1,5 @@
 //! The unit of CPU work and how it is split: one output block (128 columns,
-//! 8 tiles) of a dense code for a set of rows ([`BlockJob`]), the layout of
+//! 8 tiles) of a dense code for a set of rows (`BlockJob`), the layout of
 //! the transformed inputs it reads ([`xh_index`]), and the balanced split of
 //! work over the caller's threads ([`split`]). A leaf: the ISA paths, the
 //! dispatcher and the engine all read it, and it reads none of them.

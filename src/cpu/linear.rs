@@ -16,6 +16,10 @@ pub struct CpuLinear<'a> {
 
 impl<'a> CpuLinear<'a> {
     /// Validates `l` (lengths, finite scales).
+    ///
+    /// # Errors
+    /// [`crate::EschaError::BadLength`] or [`crate::EschaError::NonFinite`]
+    /// from [`Linear::validate`].
     pub fn new(l: &Linear<'a>, kernel: Kernel) -> Result<Self> {
         l.validate()?;
         let s = l.shape;
@@ -50,6 +54,10 @@ impl<'a> CpuLinear<'a> {
 
     /// Whole forward on the calling thread: `x [m, IC]` -> `y [m, OC]`
     /// (f32 holding the contract's f16-rounded values).
+    ///
+    /// # Errors
+    /// [`crate::EschaError::BadLength`] when `x` does not hold `m * IC`
+    /// values.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
         check_len(self.name, "x", x.len(), m * self.shape.ic)?;
         Ok(self.engine.forward_slots(&self.slots(x, m)))
@@ -61,7 +69,8 @@ impl<'a> CpuLinear<'a> {
     pub fn forward_into(&self, x: &[f32], m: usize, xh: &mut [f32], y: &mut [f32], scratch: &mut [f32]) {
         assert!(y.len() >= m * self.shape.oc, "{}: y shorter than {m} rows", self.name);
         self.transform_input(x, m, xh, 0, 1);
-        // SAFETY: y holds m*OC floats and is exclusively borrowed.
+        // SAFETY: 1. y holds m * OC floats (asserted); 2. and 3. the only
+        // caller (0 of 1), and y is exclusively borrowed; 4. phase 1 done.
         unsafe { self.compute_shared(xh, m, y.as_mut_ptr(), 0, 1, scratch) };
     }
 
@@ -69,7 +78,8 @@ impl<'a> CpuLinear<'a> {
     /// `xh [m * IC]` in the kernels' tile-row-major layout.
     pub fn transform_input(&self, x: &[f32], m: usize, xh: &mut [f32], ith: usize, nth: usize) {
         assert!(xh.len() >= m * self.shape.ic, "{}: xh shorter than {m} rows", self.name);
-        // SAFETY: xh holds m*IC floats and is exclusively borrowed.
+        // SAFETY: 1. xh holds m * IC floats (asserted); 2. and 3. xh is
+        // exclusively borrowed, so no other caller shares it.
         unsafe { self.engine.transform_input_shared(&self.slots(x, m), xh.as_mut_ptr(), ith, nth) }
     }
 
@@ -77,11 +87,15 @@ impl<'a> CpuLinear<'a> {
     /// of `xh` (complete, i.e. after every thread's phase 1).
     ///
     /// # Safety
-    /// `y` must be valid for writes of `m * OC` floats. Concurrent callers
-    /// must use the same `nth` and distinct `ith` (they then write disjoint
-    /// columns) and nothing else may access `y` meanwhile.
+    /// 1. `y` is valid for writes of `m * OC` floats.
+    /// 2. Concurrent callers pass the same `m` and `nth` and distinct `ith`
+    ///    (they then write disjoint columns).
+    /// 3. Nothing else reads or writes `y` until every caller has finished.
+    /// 4. `xh` is complete: every caller's phase 1 has finished.
     pub unsafe fn compute_shared(&self, xh: &[f32], m: usize, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
         let groups = ExpertGroups::new(&vec![0; m], 1);
+        // SAFETY: `CpuEngine::compute_shared`'s 1. to 4. are ours, with
+        // one group of the m slots built by `ExpertGroups::new`.
         self.engine.compute_shared(xh, &groups, y, ith, nth, scratch)
     }
 }

@@ -49,11 +49,15 @@ use crate::transform::input_transform;
 /// f16-rounded transform of `x_row` scaled by `rin_eff`.
 ///
 /// # Safety
-/// `xh` must be valid for writes at every `xh_index(n_rows, row, kt) + 0..16`,
-/// `kt < IC/16`, and no one else may access those floats meanwhile.
+/// 1. `xh` is valid for writes of the 16 floats at
+///    `xh_index(n_rows, row, kt)` for every `kt < tmp.len() / 16` (IC/16 when
+///    `tmp` holds IC floats).
+/// 2. No one else reads or writes those floats during the call.
 pub unsafe fn input_transform_row(x_row: &[f32], rin_eff: &[f32], xh: *mut f32, n_rows: usize, row: usize, tmp: &mut [f32]) {
     input_transform(x_row, rin_eff, tmp);
     for (kt, chunk) in tmp.chunks_exact(TILE).enumerate() {
+        // SAFETY: 1. the destination is valid for 16 writes; 2. it is ours
+        // alone, so it cannot overlap `tmp`.
         std::ptr::copy_nonoverlapping(chunk.as_ptr(), xh.add(xh_index(n_rows, row, kt)), TILE);
     }
 }

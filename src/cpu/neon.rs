@@ -71,6 +71,10 @@ const fn neon_windows(t: &Tabs) -> [[NeonWindow; 8]; 2] {
 static NW2: [[NeonWindow; 8]; 2] = neon_windows(&TAB2);
 static NW3: [[NeonWindow; 8]; 2] = neon_windows(&TAB3);
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `nw.base + 8 <= EXT_WORDS`: 32 bytes are loaded (true of every entry
+///    of `NW2` and `NW3`).
 #[inline(always)]
 unsafe fn window(ext: &[u32; EXT_WORDS], nw: &NeonWindow) -> uint32x4_t {
     let p = ext.as_ptr().add(nw.base) as *const u8;
@@ -81,6 +85,8 @@ unsafe fn window(ext: &[u32; EXT_WORDS], nw: &NeonWindow) -> uint32x4_t {
     vorrq_u32(vshlq_u32(a, vld1q_s32(nw.shl.as_ptr())), vshlq_u32(b, vld1q_s32(nw.shr.as_ptr())))
 }
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
     let out: float32x4_t;
@@ -89,6 +95,9 @@ unsafe fn f16x4_to_f32(h: uint16x4_t) -> float32x4_t {
 }
 
 /// f32 -> nearest-even f16 -> f32.
+///
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn round_f16(v: float32x4_t) -> float32x4_t {
     let out: float32x4_t;
@@ -97,6 +106,9 @@ unsafe fn round_f16(v: float32x4_t) -> float32x4_t {
 }
 
 /// Codebook values of 4 states.
+///
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
     let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
@@ -106,12 +118,16 @@ unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
     round_f16(vaddq_f32(lo, hi))
 }
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn states<const K: usize>(w: &[uint32x4_t; 2], j: usize) -> uint32x4_t {
     let (h, sh) = state_window(K, j);
     vandq_u32(vshlq_u32(w[h], vdupq_n_s32(-(sh as i32))), vdupq_n_u32(0xFFFF))
 }
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], g: usize) -> [uint32x4_t; 2] {
     let nw = if K == 2 { &NW2 } else { &NW3 };
@@ -120,6 +136,10 @@ unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], g: usize) -> 
 }
 
 /// `xv[j&3]`: inputs of rows `2*i + rj`, i = 0..4.
+///
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `x` is valid for reads of 16 floats.
 #[inline(always)]
 unsafe fn xvecs(x: *const f32) -> [float32x4_t; 4] {
     let lo = vld2q_f32(x); // (even, odd) of x[0..8]
@@ -127,11 +147,15 @@ unsafe fn xvecs(x: *const f32) -> [float32x4_t; 4] {
     [lo.0, lo.1, hi.0, hi.1]
 }
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     // acc[tile][column]
     let mut acc = [[vdupq_n_f32(0.0); TILE]; BLOCK_TILES];
     let mut ext = [0u32; EXT_WORDS];
     for kt in 0..job.kt_n() {
+        // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
             job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
@@ -153,6 +177,9 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
 
 super::batch::tile_ops!(Neon);
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let mut ext = [0u32; EXT_WORDS];
     let mut lanes = [0f32; 256];
@@ -166,7 +193,14 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
 }
 
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+/// 3. `dec` holds `kc * 8 * 256` floats (`kc` decoded tile rows).
+/// 4. `mid` holds at least `(i0 + R) * 128` floats.
 unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
+    // SAFETY: every raw access below is inside `dec` (3.), `mid` (4.) or a
+    // 16-float tile of `xh` (`xh_ptrs`).
     let xp = xh_ptrs::<R>(job, i0, kt0, kc);
     for tl in 0..BLOCK_TILES {
         let mut acc = [[vdupq_n_f32(0.0); 4]; R];

@@ -241,6 +241,13 @@ fn input_scales(name: &str, w: &[f32], ic: usize, oc: usize, importance: Option<
 }
 
 /// Encodes `w [OC, IC]` (both multiples of 128) as a coded linear.
+///
+/// # Errors
+/// Those of [`LinearShape::new`] for `opts.k`, IC and OC;
+/// [`crate::EschaError::Shape`] when `IC * OC` overflows;
+/// [`crate::EschaError::BadLength`] when `w` does not hold `IC * OC`
+/// values or the importance `IC`; [`crate::EschaError::NonFinite`] for a
+/// NaN or infinity in `w` or the importance, or a negative importance.
 pub fn encode_layer(name: &str, w: &[f32], ic: usize, oc: usize, opts: &LayerOptions) -> crate::Result<EncodedLayer> {
     let k = opts.k;
     let shape = LinearShape::new(name, k, ic, oc)?;

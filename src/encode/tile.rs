@@ -140,7 +140,8 @@ impl TileEncoder {
             let back = &mut self.back[t * nq..(t + 1) * nq];
             #[cfg(target_arch = "x86_64")]
             if self.avx2 {
-                // SAFETY: AVX2/FMA present (checked in `new`), slice lengths fixed by K.
+                // SAFETY (step's list): 1. `self.avx2` is set only when AVX2 and
+            // FMA are detected (`new`); 2. K is 2 or 3 (asserted in `new`).
                 unsafe {
                     if weights.is_some() {
                         simd::step::<K, true>(&self.cost, &self.cb, x, wt, &mut self.next, back)
@@ -232,6 +233,12 @@ mod simd {
     /// `2^K` predecessors (`back[q]` = the first minimising h), then
     /// `next[(q << K) | b] = best[q] + w (cb[(q << K) | b] - x)^2` for the
     /// `8 << K` successors while `best` is still in registers.
+    ///
+    /// # Safety
+    /// 1. The CPU supports AVX2 and FMA.
+    /// 2. `K <= 13` (the encoder uses 2 and 3), so `2^16 >> K` is a multiple
+    ///    of 8 and every 8-wide access stays inside the slices, whose lengths
+    ///    are asserted.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn step<const K: usize, const WEIGHTED: bool>(cost: &[f32], cb: &[f32], x: f32, w: f32, next: &mut [f32], back: &mut [u8]) {
         let n = 1usize << 16;

@@ -1,5 +1,5 @@
 //! The functions ggml-cpu calls for `GGML_OP_ESCHA_LINEAR` and
-//! `GGML_OP_ESCHA_MOE` (declared in `ggml-escha/escha_ffi.h`).
+//! `GGML_OP_ESCHA_MOE` (declared in `ggml-escha/cpu/escha_ffi.h`).
 //!
 //! Every entry point catches panics: nothing unwinds into C. The
 //! descriptor's pointers are ggml tensor data, valid for the call; the
@@ -74,12 +74,22 @@ pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads:
     layout(ic as usize, n_slots as usize, n_threads as usize).2
 }
 
+/// Runs phase `phase` (1: input transform, 2: products and output
+/// transform) of the op `desc` for thread `ith` of `nth`; returns [`OK`] or
+/// an error code ([`BAD_DESC`], [`BAD_EXPERT`], [`WORK_SIZE`], [`PANIC`]).
+///
 /// # Safety
-/// `desc` points to a descriptor whose pointers are valid for the extents
-/// it describes; `wdata` is valid for `wsize` bytes and shared by the
-/// `nth` threads of this op, which call phase 1, synchronise, then phase 2.
+/// 1. `desc` is non-null, aligned and points to a descriptor whose non-null
+///    pointers are aligned and valid for the extents it describes (`dst` for
+///    writes of `slots * OC` floats), and nothing writes its inputs during
+///    the call.
+/// 2. `wdata` is valid for reads and writes of `wsize` bytes.
+/// 3. `wdata` and `dst` are shared by the `nth` threads of this op and
+///    nothing else: each calls phase 1 with its own `ith`, all synchronise,
+///    then each calls phase 2.
 #[no_mangle]
 pub unsafe extern "C" fn escha_rs_forward(desc: *const EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> i32 {
+    // SAFETY: `&*desc` by 1.; `forward`'s 1. to 3. are our 1. to 3.
     let r = catch_unwind(AssertUnwindSafe(|| forward(&*desc, phase, ith, nth, wdata, wsize)));
     match r {
         Ok(Ok(())) => OK,
@@ -94,6 +104,12 @@ struct View<'a> {
     slots: Slots<'a>,
 }
 
+/// `n` values at `p` as a slice; [`BAD_DESC`] for a null `p`.
+///
+/// # Safety
+/// 1. A non-null `p` is aligned and valid for reads of `n` values of `T`
+///    for `'a`.
+/// 2. Nothing writes those values during `'a`.
 unsafe fn slice<'a, T>(p: *const T, n: usize) -> Result<&'a [T], i32> {
     if p.is_null() {
         return Err(BAD_DESC);
@@ -103,6 +119,11 @@ unsafe fn slice<'a, T>(p: *const T, n: usize) -> Result<&'a [T], i32> {
 
 /// Per-expert vector: stacked `[E, n]` (stride `nb_e` bytes) or shared (`nb_e == 0`).
 /// Returned as one contiguous slice the way `reference::Moe` expects it.
+///
+/// # Safety
+/// 1. A non-null `p` is aligned and valid for reads of `n` values of `T`
+///    (`nb_e == 0`) or `n * e` values (`nb_e == n * size_of::<T>()`) for `'a`.
+/// 2. Nothing writes those values during `'a`.
 unsafe fn per_expert<'a, T>(p: *const T, nb_e: usize, n: usize, e: usize) -> Result<&'a [T], i32> {
     let sz = std::mem::size_of::<T>();
     match nb_e {
@@ -112,6 +133,15 @@ unsafe fn per_expert<'a, T>(p: *const T, nb_e: usize, n: usize, e: usize) -> Res
     }
 }
 
+/// The weights and slots of `d`; [`BAD_DESC`] or [`BAD_EXPERT`] for a
+/// descriptor that disagrees with itself.
+///
+/// # Safety
+/// 1. Every non-null pointer of `d` is aligned and valid for reads of what
+///    `d` describes for `'a`: `E` codes, `rin` / `rout` / `s_in` / `s_out` /
+///    `bias` as their `*_nb_e` say, the `x` rows at their `x_nb` offsets and
+///    the i32 `ids` at their `ids_nb` offsets.
+/// 2. Nothing writes those inputs during `'a`.
 unsafe fn view<'a>(d: &'a EschaOpDesc) -> Result<View<'a>, i32> {
     let (k, ic, oc, e) = (d.k as usize, d.ic as usize, d.oc as usize, d.n_expert as usize);
     let shape = MoeShape::new("escha op", k, e, ic, oc).map_err(|_| BAD_DESC)?;
@@ -174,11 +204,22 @@ unsafe fn view<'a>(d: &'a EschaOpDesc) -> Result<View<'a>, i32> {
     Ok(View { moe, slots })
 }
 
+/// One thread's share of phase 1 or 2 of the op `d` (see
+/// [`escha_rs_forward`]).
+///
+/// # Safety
+/// 1. `d` satisfies [`view`]'s 1. and 2., and a non-null `d.dst` is valid for
+///    writes of `slots * OC` floats.
+/// 2. A non-null `wdata` is valid for reads and writes of `wsize` bytes.
+/// 3. `wdata` and `dst` are shared by the `nth` threads of this op and
+///    nothing else: each calls phase 1 with its own `ith`, all synchronise,
+///    then each calls phase 2.
 unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> Result<(), i32> {
     if nth <= 0 || ith < 0 || ith >= nth || d.dst.is_null() {
         return Err(BAD_DESC);
     }
     let (ith, nth) = (ith as usize, nth as usize);
+    // SAFETY: view's 1. and 2. are our 1.
     let v = view(d)?;
     let engine = CpuEngine::new_unchecked(&v.moe, kernel());
     let n = v.slots.len();
@@ -190,11 +231,20 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     let base = wdata.add(wdata.align_offset(ALIGN));
     let xh = base as *mut f32;
     match phase {
+        // SAFETY (transform_input_shared's list): 1. `xh` is the first
+        // `n * IC` floats of `wdata` (`wsize >= need`, checked); 2. and 3. by
+        // our 3.
         1 => engine.transform_input_shared(&v.slots, xh, ith, nth),
         2 => {
             let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
+            // SAFETY: phase 1 wrote these floats on every thread (our 3.) and
+            // phase 2 only reads them; the scratch of thread `ith` lies past
+            // `xh` inside `wdata` and is its own.
             let xh = std::slice::from_raw_parts(xh as *const f32, n * ic);
             let scratch = std::slice::from_raw_parts_mut(base.add(xh_bytes + ith * per_thread) as *mut f32, per_thread / 4);
+            // SAFETY (compute_shared's list): 1. `dst` holds slots * OC
+            // floats (our 1.); 2. the same groups on every thread, from
+            // `ExpertGroups::new`; 3. and 4. by our 3.
             engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
         }
         _ => return Err(BAD_DESC),

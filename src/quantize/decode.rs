@@ -17,6 +17,13 @@ use std::path::Path;
 
 /// Decodes every coded weight of `input` into `<stem>.weight` F32. The
 /// input is checked as llama.cpp's loader checks it ([`crate::contract`]).
+/// Returns the number of coded weights decoded.
+///
+/// # Errors
+/// Fails when the output is refused ([`Output::file`]), when `input` is not
+/// a readable GGUF or has no `escha.format_version`, when it breaks the
+/// tensor contract ([`contract::coded_weights`], [`CodedGguf::read`]), or
+/// when reading or writing fails. `output` is then left as it was.
 pub fn decode_gguf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     let out_file = Output::file(output, &[input])?;
     let src = GgufFile::open(input)?;
@@ -124,6 +131,17 @@ impl Coded<'_> {
 /// each int8 pair `P.weight_int8` + `P.weight_scale` becomes `P.weight` F32
 /// (row times scale), and `quantization_config` is dropped. Any converter
 /// can then read it: the reference for checking an Escha converter.
+/// Returns the number of tensors decoded (coded linears and int8 pairs).
+///
+/// # Errors
+/// Fails when the output is refused ([`Output::dir`]); when `input` has no
+/// readable JSON `config.json` or its `quant_method` is not `escha` or
+/// `eschamoe`; when a safetensors header is bad ([`read_header`]); when a
+/// coded linear breaks the leaf contract ([`validate_leaves`]) or also has
+/// `.weight`; when an escha leaf, `weight_int8` or `weight_scale` stands
+/// without its partner or an int8 pair is malformed; when a vector is not
+/// finite; or when reading or writing fails. No output directory is left
+/// then.
 pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     let out_dir = Output::dir(output, &[input])?;
     let cfg_path = input.join("config.json");

@@ -25,6 +25,15 @@ fn ggml_ne(shape: &[usize]) -> [i64; 4] {
 }
 
 /// Quantizes the checkpoint in `input` into the new directory `output`.
+///
+/// # Errors
+/// Fails when the output is refused ([`Output::dir`]); when `input` has no
+/// readable JSON `config.json` or is already quantized; when it has no
+/// `*.safetensors` or a bad header; when a tensor has rank above 4, or one
+/// to code is not F32, F16 or BF16; when no tensor matches a coding rule;
+/// when an imatrix entry does not fit its tensor or encoding rejects a
+/// weight; or when reading or writing fails. No output directory is left
+/// then.
 pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
     let out_dir = Output::dir(output, &[input])?;

@@ -18,6 +18,14 @@ fn err(path: &Path, detail: impl std::fmt::Display) -> anyhow::Error {
 }
 
 impl Imatrix {
+    /// Reads an imatrix file, GGUF or legacy `.dat` (by its magic).
+    ///
+    /// # Errors
+    /// Fails when the file cannot be read; for a GGUF, when it cannot be
+    /// opened or read ([`GgufFile::open`]), an `.in_sum2` has no `.counts` or
+    /// sizes that disagree with it, or there is no `.in_sum2` at all; for a
+    /// legacy file, when it is truncated or has an implausible entry count,
+    /// name length or value count.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| err(path, e))?;
         if bytes.starts_with(b"GGUF") {
@@ -28,6 +36,10 @@ impl Imatrix {
     }
 
     /// The importance of expert `e` of `name` (`ic` values), if present.
+    ///
+    /// # Errors
+    /// Fails when the entry's length is not a multiple of `ic`, or when it
+    /// holds several expert sets and none for `e`.
     pub fn get(&self, name: &str, e: usize, ic: usize) -> anyhow::Result<Option<&[f32]>> {
         let Some(v) = self.entries.get(name) else { return Ok(None) };
         if v.len() % ic != 0 {

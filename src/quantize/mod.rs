@@ -194,6 +194,15 @@ fn total_tiles(actions: &[Action]) -> usize {
 }
 
 /// Quantizes `input` into `output`.
+///
+/// # Errors
+/// Fails when the output is refused ([`Output::file`]); when `input` is not
+/// a readable GGUF or is already an Escha GGUF; when a tensor to code cannot
+/// be converted to f32, or no tensor matches a coding rule; when an imatrix
+/// entry does not fit its tensor or encoding rejects a weight
+/// ([`encode_layer`]); when the written file fails
+/// [`crate::contract::check`]; or when reading or writing fails. `output`
+/// is then left as it was.
 pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
     let out_file = Output::file(output, &[input])?;
