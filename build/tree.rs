@@ -92,6 +92,10 @@ pub fn prepare() -> PathBuf {
         copy_sources(copy, &tree);
     }
     inline_metal_shader(&tree);
+    // Scripts (hip/device-pack.sh, hip/hip-compile-check.sh) take the tree
+    // of the latest build from here: builds with other features have other
+    // OUT_DIRs, whose trees are as old as their last build.
+    link_in_profile_dir("llama.cpp-tree", &tree);
     tree
 }
 

@@ -13,9 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The tree of the latest build is the one holding the newest copy of hip/escha.cu.
-newest=$(ls -t target/release/build/escha-ggml-*/out/llama.cpp/ggml/src/ggml-cuda/escha.cu 2>/dev/null | head -n 1)
-tree=${ESCHA_TREE:-${newest%/ggml/src/ggml-cuda/escha.cu}}
-lib=${ESCHA_RUST_LIB:-$(ls -t target/release/build/escha-ggml-*/out/kernels-target/*/release/libescha_ggml_cpu.a 2>/dev/null | head -n 1)}
+# The tree of the latest cargo build (build/tree.rs links it).
+tree=${ESCHA_TREE:-$(readlink -f target/release/llama.cpp-tree 2>/dev/null || true)}
+lib=${ESCHA_RUST_LIB:-$(ls "${tree%/llama.cpp}"/kernels-target/*/release/libescha_ggml_cpu.a 2>/dev/null | head -n 1)}
 [ -d "$tree" ] || { echo "no prepared llama.cpp tree: run cargo build --release --features tools first" >&2; exit 1; }
 [ -f "$lib" ] || { echo "no libescha_ggml_cpu.a: run cargo build --release --features tools first" >&2; exit 1; }
 for f in hip/*.cu hip/*.cuh; do

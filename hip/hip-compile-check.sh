@@ -8,8 +8,8 @@
 # Needs the prepared llama.cpp tree of `cargo build` (ESCHA_TREE overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-newest=$(ls -t target/release/build/escha-ggml-*/out/llama.cpp/ggml/src/ggml-cuda/escha.cu 2>/dev/null | head -n 1)
-tree=${ESCHA_TREE:-${newest%/ggml/src/ggml-cuda/escha.cu}}
+# The tree of the latest cargo build (build/tree.rs links it).
+tree=${ESCHA_TREE:-$(readlink -f target/release/llama.cpp-tree 2>/dev/null || true)}
 [ -f "$tree/ggml/src/ggml-cuda/common.cuh" ] || { echo "no prepared llama.cpp tree: build with cargo first" >&2; exit 1; }
 cuda=$tree/ggml/src/ggml-cuda
 compat=$PWD/hip/ci-compat
