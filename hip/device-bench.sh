@@ -4,9 +4,10 @@
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
 #            tensor-core path and on the SIMT path (the one HIP runs)
 #   broken   parity with a deliberately wrong decode (each lane's state
-#            offset one bit off) must fail: patches the build tree's
-#            escha-kernels.cuh, rebuilds test-backend-ops, runs, restores it
-#            (the next hip/device-build.sh rebuilds it)
+#            offset one bit off) must fail every case: patches the build
+#            tree's escha-kernels.cuh, rebuilds test-backend-ops, runs,
+#            restores it and rebuilds. parity and broken stop the script
+#            with a message when a run, a build or a case count is wrong.
 #   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
 #            IQ2_XXS weights of the same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
@@ -31,29 +32,48 @@ DENSE_LAYERS=${DENSE_LAYERS:-16}
 MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
+die() { echo "device-bench: $*" >&2; exit 1; }
+# The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
+cases_of() { case $1 in ESCHA_LINEAR) echo 46 ;; ESCHA_MOE) echo 31 ;; esac; }
 for step in "$@"; do
     case $step in
     parity)
+        # Each run must exit 0 and pass every case: the harness also
+        # reports success on 0 of 0 cases.
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-$op.log" 2>&1
-            echo "$op tensor cores: $(grep -E 'tests passed' "$out/parity-$op.log" | head -1)"
-            GGML_ESCHA_SIMT=1 $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-simt-$op.log" 2>&1
-            echo "$op SIMT: $(grep -E 'tests passed' "$out/parity-simt-$op.log" | head -1)"
+            want=$(cases_of $op)
+            for path in tensor-cores simt; do
+                log=$out/parity-$path-$op.log
+                if [ $path = simt ]; then env=(GGML_ESCHA_SIMT=1); else env=(); fi
+                env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$log" 2>&1 || die "$op $path: test-backend-ops exited $? ($log)"
+                grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
+                echo "$op $path: $want/$want tests passed"
+            done
         done ;;
     broken)
+        # The same parity with a deliberately wrong decode (each lane's
+        # state offset one bit off) must fail every case.
         f=.device-build/llama.cpp/ggml/src/ggml-cuda/escha-kernels.cuh
         cp "$f" "$out/kernels.orig"
         sed -i 's/const int p0 = ((8 \* lane + 1) \* K - 16 + NB) % NB;/const int p0 = ((8 * lane + 1) * K - 15 + NB) % NB;/' "$f"
         if cmp -s "$f" "$out/kernels.orig"; then
-            echo "broken: the line to break is not in $f" >&2; exit 1
+            die "broken: the line to break is not in $f"
         fi
-        ninja -C .device-build/build test-backend-ops > "$out/broken-build.log" 2>&1 || tail -n 20 "$out/broken-build.log"
+        if ! ninja -C .device-build/build test-backend-ops > "$out/broken-build.log" 2>&1; then
+            cp "$out/kernels.orig" "$f"
+            tail -n 20 "$out/broken-build.log"
+            die "broken: the broken build failed, nothing was tested"
+        fi
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            $B/test-backend-ops -b CUDA0 -o $op > "$out/broken-$op.log" 2>&1
-            echo "$op, decode broken on purpose: $(grep -E 'tests passed' "$out/broken-$op.log" | head -1) $(grep -c FAIL "$out/broken-$op.log") FAIL lines"
+            want=$(cases_of $op)
+            $B/test-backend-ops -b CUDA0 -o $op > "$out/broken-$op.log" 2>&1 && die "$op: the broken decode passed"
+            grep -q "  0/$want tests passed" "$out/broken-$op.log" || die "$op: the broken decode did not fail all $want cases"
+            echo "$op, decode broken on purpose: 0/$want tests passed, $(grep -c FAIL "$out/broken-$op.log") FAIL lines"
         done
         cp "$out/kernels.orig" "$f"
-        rm -f "$out/kernels.orig" ;;
+        rm -f "$out/kernels.orig"
+        # Rebuild from the restored source, so later steps measure the real kernels.
+        ninja -C .device-build/build test-backend-ops > "$out/restore-build.log" 2>&1 || die "broken: rebuilding the restored kernels failed" ;;
     perf)
         $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
