@@ -137,14 +137,17 @@ fn nan_input_propagates() {
 }
 
 #[test]
-fn zero_activations_are_not_skipped() {
-    // An all-zero input block still multiplies: with a NaN elsewhere in the
-    // same Hadamard block the NaN must survive, and with a zero input the
-    // output is exactly zero (times finite weights).
+fn zero_activations_give_signed_zeros() {
+    // An all-zero input makes every product +-0 and every f32 sum +0 (from
+    // +0 accumulators, in any order, fused or not), so each output is
+    // exactly (+0 * RS) * rout: a zero with the sign of rout, on every path.
     let p = Problem::new(502, 2, 256, 128, false, false);
     let x = vec![0f32; 256];
+    let want: Vec<u32> = p.rout.iter().map(|r| (0f32 * escha_ggml::hadamard::RS * r.to_f32()).to_bits()).collect();
+    assert!(want.contains(&0) && want.contains(&0x8000_0000), "the problem has rout of both signs");
     for (path, y) in all_paths(&p.linear(), &x, 1) {
-        assert!(y.iter().all(|&v| v == 0.0), "{path}");
+        let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{path}");
     }
 }
 
