@@ -175,25 +175,51 @@ fn bias_moves_the_output_exactly_as_specified() {
 }
 
 #[test]
-fn scales_move_the_output() {
-    let with = Problem::new(504, 3, 256, 256, true, false);
-    let mut no_in = Problem::new(504, 3, 256, 256, true, false);
-    no_in.s_in = None;
-    let mut no_out = Problem::new(504, 3, 256, 256, true, false);
-    no_out.s_out = None;
-    let x = with.input(5, 2);
-    for (path, y) in all_paths(&with.linear(), &x, 2) {
-        for (what, other) in [("s_in", &no_in), ("s_out", &no_out)] {
-            let y0 = reference::linear(&other.linear(), &x, 2).unwrap();
-            let moved = y.iter().zip(&y0).filter(|(a, b)| **a != b.to_f32()).count();
-            assert!(moved > y.len() / 2, "{path}: {what} moved only {moved} of {}", y.len());
+fn scales_enter_where_the_contract_says() {
+    // s_in multiplies the inputs before the input Hadamard, s_out the
+    // outputs after the output Hadamard (docs/FORMAT.md §5). The f64
+    // contract below folds them by hand; every path must match it to f16
+    // rounding, and must not match it with the scales swapped or dropped.
+    let (ic, oc, m) = (256, 256, 2);
+    let mut p = Problem::new(504, 3, ic, oc, true, false);
+    let mut rng = escha_ggml::rng::Rng::new(44);
+    p.s_in = Some(rng.f32s(ic, 1.0, 0.5));
+    p.s_out = Some(rng.f32s(oc, 1.0, 0.5));
+    let x = p.input(5, m);
+    let w = escha_ggml::codec::reconstruct(&p.code, p.shape);
+    let rs = escha_ggml::hadamard::RS as f64;
+    let forward = |s_in: &[f32], s_out: &[f32]| -> Vec<f64> {
+        let mut y = Vec::with_capacity(m * oc);
+        for row in 0..m {
+            let mut xh: Vec<f64> = (0..ic).map(|r| x[row * ic + r] as f64 * p.rin[r].to_f64() * s_in[r] as f64).collect();
+            h128_f64(&mut xh);
+            let mut mid = vec![0f64; oc];
+            for r in 0..ic {
+                for c in 0..oc {
+                    mid[c] += xh[r] * rs * w[r * oc + c].to_f64();
+                }
+            }
+            h128_f64(&mut mid);
+            y.extend((0..oc).map(|c| mid[c] * rs * p.rout[c].to_f64() * s_out[c] as f64));
+        }
+        y
+    };
+    let (s_in, s_out) = (p.s_in.clone().unwrap(), p.s_out.clone().unwrap());
+    let ones = vec![1f32; ic];
+    let right = forward(&s_in, &s_out);
+    let wrong = [("swapped", forward(&s_out, &s_in)), ("no s_in", forward(&ones, &s_out)), ("no s_out", forward(&s_in, &ones))];
+    let rel = |y: &[f32], v: &[f64]| -> f64 {
+        let num: f64 = y.iter().zip(v).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+        (num / v.iter().map(|b| b * b).sum::<f64>()).sqrt()
+    };
+    for (path, y) in all_paths(&p.linear(), &x, m) {
+        let r = rel(&y, &right);
+        assert!(r < 2e-3, "{path}: {r:e} from the f64 contract");
+        for (what, v) in &wrong {
+            let e = rel(&y, v);
+            assert!(e > 0.05, "{path}: only {e:e} from the contract with the scales {what}");
         }
     }
-    // s_out enters after the output Hadamard, per channel: y(s_out) must be
-    // y(no s_out) with rout replaced by the folded f32 product.
-    let lin = with.linear();
-    let (_, ro) = lin.folded();
-    assert_ne!(ro[0], with.rout[0].to_f32());
 }
 
 /// f64 evaluation of the contract with a selectable (possibly wrong) order
