@@ -60,6 +60,12 @@ pub fn summarize(name: &str, all: &[Stats]) {
     let md = all.iter().map(|s| s.max_diff).fold(0.0, f64::max);
     let mr = all.iter().map(|s| s.max_ratio).fold(0.0, f64::max);
     eprintln!("{name}: {} cases, {n} outputs, max |diff| {md:.3e}, max |diff|/bound {mr:.3}, bit-identical {exact}/{n}", all.len());
+    // Only the f32 summation order differs from the C reference, which
+    // moves an f16 output across a rounding boundary rarely: the kernels
+    // are 99.92-99.97% bit-identical. A decode or rounding slip too small
+    // for the per-output bound (one ulp in 1/256 of the states) flips far
+    // more outputs than 0.2%.
+    assert!(exact * 1000 >= n * 998, "{name}: only {exact} of {n} outputs bit-identical to the C reference (want 99.8%)");
 }
 
 
