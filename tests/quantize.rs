@@ -10,6 +10,7 @@ use common::cli::{escha, TempDir};
 use common::files::{f16_tensor, f32_tensor, write_gguf, write_safetensors, Src};
 use escha_ggml::encode::effective_weight;
 use escha_ggml::gguf::{GgmlType, GgufFile};
+use escha_ggml::reference::{self, Linear};
 use escha_ggml::testutil::Rng;
 use escha_ggml::LinearShape;
 use half::f16;
@@ -243,7 +244,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
             assert_eq!(&get(name).read().unwrap(), bytes, "{name} copied");
         }
     }
-    let mut decoded = Vec::new(); // (prefix, effective weights) for the decode check below
+    let mut decoded = Vec::new(); // (prefix, expert, shape, code, rin, rout) for the decode check below
     // Each coded prefix passes the crate's own leaf validation and decodes
     // back to its source weight.
     for (prefix, k, ic, oc, e, want) in [
@@ -268,7 +269,8 @@ fn quantize_writes_an_escha_hf_checkpoint() {
             let err = rel_err(&got, &want[x * n..(x + 1) * n]);
             eprintln!("{prefix} expert {x}: K={k} rel err {err:.4}");
             assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{prefix} expert {x}: {err}");
-            decoded.push((prefix, x, got));
+            let (c, ri, ro) = (&code[x * shape.code_len()..(x + 1) * shape.code_len()], &rin[x * ic..(x + 1) * ic], &rout[x * oc..(x + 1) * oc]);
+            decoded.push((prefix, x, shape, c.to_vec(), ri.to_vec(), ro.to_vec()));
         }
     }
     // `escha decode` of the checkpoint: a plain checkpoint that any converter
@@ -281,13 +283,30 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let plain_t = read_header(&plain.join("model.safetensors")).unwrap();
     let pget = |n: &str| plain_t.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("decoded: {n} missing"));
     assert!(plain_t.iter().all(|t| !t.name.contains("escha_") && !t.name.contains("weight_int8") && !t.name.contains("weight_scale")));
-    for (prefix, x, got) in &decoded {
+    // Each decoded weight, [OC, IC] as in the checkpoint, must compute what
+    // the contract's forward computes from the coded leaves (to the f16
+    // rounding of xh and y), on random inputs.
+    for (prefix, x, shape, code, rin, rout) in &decoded {
         let t = pget(&format!("{prefix}.weight"));
         let e = if t.shape.len() == 3 { t.shape[0] } else { 1 };
         assert_eq!(t.dtype, "F32", "{prefix}");
         let v = t.read_f32().unwrap();
         let n = v.len() / e;
-        assert!(v[x * n..(x + 1) * n] == got[..], "{prefix} expert {x}: decoded weights differ from the effective weight");
+        let w = &v[x * n..(x + 1) * n];
+        let (ic, oc, m) = (shape.ic, shape.oc, 3);
+        let xin = Rng::new(77).f32s(m * ic, 0.0, 1.0);
+        let l = Linear { name: prefix, shape: *shape, code, rin, rout, s_in: None, s_out: None, bias: None };
+        let want = reference::linear(&l, &xin, m).unwrap();
+        let (mut num, mut den) = (0f64, 0f64);
+        for r in 0..m {
+            for c in 0..oc {
+                let y: f64 = (0..ic).map(|i| w[c * ic + i] as f64 * xin[r * ic + i] as f64).sum();
+                num += (y - want[r * oc + c].to_f64()).powi(2);
+                den += y * y;
+            }
+        }
+        let rel = (num / den).sqrt();
+        assert!(rel < 2e-3, "{prefix} expert {x}: the decoded weight computes {rel:e} away from the contract's forward");
     }
     let o_dec = pget("model.layers.0.self_attn.o_proj.weight").read_f32().unwrap();
     for (i, (&q, &w)) in o_int8.iter().zip(&o_dec).enumerate() {
