@@ -13,7 +13,7 @@ const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a3637
 const SDIST_SPEC: &str = "llama-cpp-python==0.3.36";
 const TREE_IN_SDIST: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp";
 /// The parts of the tree the build needs.
-pub const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
+const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
 /// Upstream's Python converter, extracted next to the tree but not built:
 /// `examples/convert_escha_hf_to_gguf.py` builds on its classes.
 const CONVERT_PARTS: [&str; 3] = ["convert_hf_to_gguf.py", "conversion", "gguf-py"];

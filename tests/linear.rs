@@ -186,23 +186,10 @@ fn scales_enter_where_the_contract_says() {
     p.s_in = Some(rng.f32s(ic, 1.0, 0.5));
     p.s_out = Some(rng.f32s(oc, 1.0, 0.5));
     let x = p.input(5, m);
-    let w = escha_ggml::codec::reconstruct(&p.code, p.shape);
-    let rs = escha_ggml::hadamard::RS as f64;
     let forward = |s_in: &[f32], s_out: &[f32]| -> Vec<f64> {
-        let mut y = Vec::with_capacity(m * oc);
-        for row in 0..m {
-            let mut xh: Vec<f64> = (0..ic).map(|r| x[row * ic + r] as f64 * p.rin[r].to_f64() * s_in[r] as f64).collect();
-            h128_f64(&mut xh);
-            let mut mid = vec![0f64; oc];
-            for r in 0..ic {
-                for c in 0..oc {
-                    mid[c] += xh[r] * rs * w[r * oc + c].to_f64();
-                }
-            }
-            h128_f64(&mut mid);
-            y.extend((0..oc).map(|c| mid[c] * rs * p.rout[c].to_f64() * s_out[c] as f64));
-        }
-        y
+        let rin_eff: Vec<f64> = p.rin.iter().zip(s_in).map(|(r, &s)| r.to_f64() * s as f64).collect();
+        let rout_eff: Vec<f64> = p.rout.iter().zip(s_out).map(|(r, &s)| r.to_f64() * s as f64).collect();
+        x.chunks_exact(ic).flat_map(|row| forward_f64_with(&p, row, &rin_eff, &rout_eff, true, true)).collect()
     };
     let (s_in, s_out) = (p.s_in.clone().unwrap(), p.s_out.clone().unwrap());
     let ones = vec![1f32; ic];
@@ -222,21 +209,21 @@ fn scales_enter_where_the_contract_says() {
     }
 }
 
-/// f64 evaluation of the contract with a selectable (possibly wrong) order
-/// of scale and Hadamard on each side.
-fn forward_f64(p: &Problem, x: &[f32], in_scale_first: bool, out_scale_last: bool) -> Vec<f64> {
+/// f64 evaluation of the contract on one row with the effective scales
+/// given, in a selectable (possibly wrong) order of scale and Hadamard on
+/// each side.
+fn forward_f64_with(p: &Problem, x: &[f32], ri: &[f64], ro: &[f64], in_scale_first: bool, out_scale_last: bool) -> Vec<f64> {
     let (ic, oc) = (p.shape.ic, p.shape.oc);
     let w = escha_ggml::codec::reconstruct(&p.code, p.shape);
-    let (ri, ro) = p.linear().folded();
     let h = h128_f64;
     let rs = escha_ggml::hadamard::RS as f64;
     let mut xh: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     if in_scale_first {
-        xh.iter_mut().zip(&ri).for_each(|(v, &r)| *v *= r as f64);
+        xh.iter_mut().zip(ri).for_each(|(v, &r)| *v *= r);
         h(&mut xh);
     } else {
         h(&mut xh);
-        xh.iter_mut().zip(&ri).for_each(|(v, &r)| *v *= r as f64);
+        xh.iter_mut().zip(ri).for_each(|(v, &r)| *v *= r);
     }
     let mut mid = vec![0f64; oc];
     for r in 0..ic {
@@ -246,12 +233,19 @@ fn forward_f64(p: &Problem, x: &[f32], in_scale_first: bool, out_scale_last: boo
     }
     if out_scale_last {
         h(&mut mid);
-        mid.iter_mut().zip(&ro).for_each(|(v, &r)| *v *= rs * r as f64);
+        mid.iter_mut().zip(ro).for_each(|(v, &r)| *v *= rs * r);
     } else {
-        mid.iter_mut().zip(&ro).for_each(|(v, &r)| *v *= rs * r as f64);
+        mid.iter_mut().zip(ro).for_each(|(v, &r)| *v *= rs * r);
         h(&mut mid);
     }
     mid
+}
+
+/// [`forward_f64_with`] with the crate's fold of `p`'s scales.
+fn forward_f64(p: &Problem, x: &[f32], in_scale_first: bool, out_scale_last: bool) -> Vec<f64> {
+    let (ri, ro) = p.linear().folded();
+    let wide = |v: Vec<f32>| -> Vec<f64> { v.into_iter().map(f64::from).collect() };
+    forward_f64_with(p, x, &wide(ri), &wide(ro), in_scale_first, out_scale_last)
 }
 
 #[test]
