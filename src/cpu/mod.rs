@@ -29,6 +29,8 @@ pub mod job;
 pub mod linear;
 mod scalar;
 pub mod tables;
+#[cfg(test)]
+mod stage_tests;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
