@@ -1,11 +1,12 @@
 //! The test shims (feature `shims`, which the test command turns on): the
 //! CUDA/HIP and Metal kernels compiled as C++ and run on the CPU by fiber
-//! executors (`tests/cuda_shim.rs`, `tests/metal_shim.rs`), and a syntax
+//! executors (`tests/cuda_shim.rs`, `tests/hip_shim.rs`,
+//! `tests/metal_shim.rs`), and a syntax
 //! check of the Metal host sources, which no Linux build compiles otherwise.
 
 use crate::util::{manifest_dir, run};
 use std::env;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn build(tree: &Path) {
@@ -16,7 +17,7 @@ pub fn build(tree: &Path) {
     // The executors run GPU threads as fibers (glibc's ucontext and
     // _setjmp/_longjmp).
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
-        println!("cargo:warning=escha-ggml: the GPU kernel shims need Linux; tests/cuda_shim.rs and tests/metal_shim.rs are skipped");
+        println!("cargo:warning=escha-ggml: the GPU kernel shims need Linux; tests/cuda_shim.rs, tests/hip_shim.rs and tests/metal_shim.rs are skipped");
         return;
     }
     build_shim_fibers();
@@ -29,23 +30,35 @@ pub fn build(tree: &Path) {
 }
 
 /// The CUDA/HIP kernels (`hip/escha-kernels.cuh`) compiled as C++
-/// through the shim header and run on the CPU by the executor
-/// (`tests/cuda_shim.rs`): the kernel logic is tested without a GPU.
+/// through the shim header and run on the CPU by the executor: the kernel
+/// logic is tested without a GPU. Twice, as the two compilers see the
+/// source: as CUDA (`escha_cuda_shim_*`, `tests/cuda_shim.rs`) and with
+/// `GGML_USE_HIP` (`escha_hip_shim_*`, `tests/hip_shim.rs`: the HIP
+/// branches, which no other build runs), so both link into a test binary.
+/// The wavefront width is a run-time setting of the HIP build, so one build
+/// covers 32 and 64 lanes. One cfg, `escha_cuda_shim`, for both.
 fn build_cuda_shim() {
     for f in ["hip/escha-kernels.cuh", "hip/escha-plan.h", "hip/shim/cuda-shim.h", "hip/shim/cuda-executor.cpp"] {
         println!("cargo:rerun-if-changed={}", manifest_dir().join(f).display());
     }
-    cc::Build::new()
-        .cpp(true)
-        .file(manifest_dir().join("hip/shim/cuda-executor.cpp"))
-        .include(manifest_dir().join("tests/shim"))
-        .include(manifest_dir().join("ggml-escha/include"))
-        .std("c++17")
-        // __fmul_rn keeps nvcc from fusing; nothing may fuse here either.
-        .flag_if_supported("-ffp-contract=off")
-        .flag_if_supported("-Wno-unknown-pragmas")
-        .warnings(true)
-        .compile("escha_cuda_shim");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    for (lib, hip) in [("escha_cuda_shim", false), ("escha_hip_shim", true)] {
+        let mut b = cc::Build::new();
+        if hip {
+            // Its own folder: both builds compile the same source file.
+            b.define("GGML_USE_HIP", None).out_dir(out.join("hip-shim"));
+        }
+        b.cpp(true)
+            .file(manifest_dir().join("hip/shim/cuda-executor.cpp"))
+            .include(manifest_dir().join("tests/shim"))
+            .include(manifest_dir().join("ggml-escha/include"))
+            .std("c++17")
+            // __fmul_rn keeps nvcc from fusing; nothing may fuse here either.
+            .flag_if_supported("-ffp-contract=off")
+            .flag_if_supported("-Wno-unknown-pragmas")
+            .warnings(true)
+            .compile(lib);
+    }
     println!("cargo:rustc-cfg=escha_cuda_shim");
 }
 

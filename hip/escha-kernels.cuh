@@ -1,6 +1,7 @@
 // Escha-W2 CUDA/HIP kernels (escha-ggml): the device side of escha.cu,
 // without ggml's headers, so that the same source also compiles as C++
-// through hip/shim/cuda-shim.h and runs on the CPU (tests/cuda_shim.rs).
+// through hip/shim/cuda-shim.h and runs on the CPU, as CUDA and as HIP
+// (tests/cuda_shim.rs, tests/hip_shim.rs).
 // Expects GGML_UNUSED, NO_DEVICE_CODE and GGML_CUDA_CC_AMPERE from the
 // includer (ggml-cuda's common.cuh, or the shim). See escha.cu for the
 // three stages and the tile order.

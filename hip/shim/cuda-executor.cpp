@@ -2,48 +2,68 @@
 // compiled as C++ through cuda-shim.h) on the CPU, so the kernels that an
 // NVIDIA or AMD GPU runs execute for real in `cargo test`.
 //
-// Blocks of a grid run one after another; the threads of a block run as
-// fibers (tests/shim/fibers.h) and a warp's lock-step operations (shuffles,
-// mma) meet at a barrier of its 32 lanes, so each lane sees exactly what
-// the others contributed. Scratch buffers start as NaN, so a kernel that
-// reads what no stage wrote gives NaN instead of a lucky value.
+// Blocks of a grid run one after another, and so do the wavefronts (warps)
+// of a block; the threads of a wavefront run as fibers (tests/shim/fibers.h)
+// and its lock-step operations (shuffles, mma) meet at a barrier of its
+// lanes, so each lane sees exactly what the others contributed. Scratch
+// buffers start as NaN, so a kernel that reads what no stage wrote gives
+// NaN instead of a lucky value.
 //
 // The C entry points at the end run one escha op stage by stage as escha.cu
 // launches it, on the grid of its plan (hip/escha-plan.h), with the kernel
 // family and the IC split chosen by the caller (tests/cuda_shim.rs), so
 // every family runs whatever the batch size.
+//
+// build/shims.rs compiles this file twice: as CUDA (escha_cuda_shim_*), and
+// with GGML_USE_HIP (escha_hip_shim_*: the kernels' HIP branches, the SIMT
+// kernel only, 32- or 64-lane wavefronts, tests/hip_shim.rs). Both link into
+// one test binary, so everything but the entry points has internal linkage
+// (the kernels' inline members differ between the two builds).
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "fibers.h"
+#include "escha-format.h"
+
+namespace {
 
 #include "cuda-shim.h"
 #include "../escha-kernels.cuh"
 #include "../escha-plan.h"
 
-#include <cstdio>
-#include <functional>
-#include <vector>
-
 thread_local dim3 blockIdx, blockDim, gridDim; // per test thread
-
-namespace {
+thread_local int escha_shim_wave = 32, escha_shim_wave_base = 0;
+thread_local unsigned char escha_shim_slots[64 * escha_fibers::kSlotBytes];
 
 void run_thread(void * ctx, int) {
     (*(const std::function<void()> *) ctx)();
 }
 
-// Runs kernel() for every thread of grid x block.
+// Runs kernel() for every thread of grid x block, a wavefront at a time (a
+// fiber group: its barrier is the wavefront's, its 32-lane warps those of
+// tests/shim/fibers.h).
 void launch(dim3 grid, unsigned threads, const std::function<void()> & kernel) {
     gridDim  = grid;
     blockDim = dim3(threads);
     for (unsigned by = 0; by < grid.y; by++) {
         for (unsigned bx = 0; bx < grid.x; bx++) {
             blockIdx = dim3(bx, by);
-            char what[64];
-            snprintf(what, sizeof what, "block (%u, %u) of a %u x %u grid", bx, by, grid.x, grid.y);
-            escha_fibers::run_group((int) threads, run_thread, (void *) &kernel, what);
+            for (unsigned base = 0; base < threads; base += (unsigned) escha_shim_wave) {
+                escha_shim_wave_base = (int) base;
+                char what[96];
+                snprintf(what, sizeof what, "wavefront %u of block (%u, %u) of a %u x %u grid", base / escha_shim_wave, bx, by,
+                         grid.x, grid.y);
+                escha_fibers::run_group((int) std::min(threads - base, (unsigned) escha_shim_wave), run_thread, (void *) &kernel, what);
+            }
         }
     }
+    escha_shim_wave_base = 0;
 }
-
-} // namespace
 
 // One OS thread runs every fiber: a plain add is atomic here.
 float atomicAdd(float * p, float v) {
@@ -52,7 +72,8 @@ float atomicAdd(float * p, float v) {
     return old;
 }
 
-static float f16_bits_to_f32(uint32_t bits) {
+#ifndef GGML_USE_HIP
+float f16_bits_to_f32(uint32_t bits) {
     half h;
     h.bits = (uint16_t) bits;
     return __half2float(h);
@@ -95,8 +116,7 @@ void escha_shim_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint3
         c[i] = s;
     }
 }
-
-namespace {
+#endif
 
 template <typename T>
 std::vector<T> nan_filled(size_t n) {
@@ -110,8 +130,15 @@ std::vector<T> nan_filled(size_t n) {
 // runs it).
 const int k_family_of_path[3] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT };
 
+// HIP: escha.cu launches the SIMT kernel only (there is no mma; the other
+// families would abort or run the SIMT body with rows it does not cover).
 template <int K>
 bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
+#ifdef GGML_USE_HIP
+    if (p.family != ESCHA_CUDA_SIMT) {
+        return false;
+    }
+#endif
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
             kernel = p.nb == 1 ? escha_gemv_kernel<K, 4, 1> : escha_gemv_kernel<K, 4, 2>;
@@ -165,12 +192,30 @@ bool shape_ok(int k, int64_t ic, int64_t oc) {
 
 } // namespace
 
+#ifdef GGML_USE_HIP
+#define ESCHA_SHIM_FN(name) escha_hip_shim_##name
+#else
+#define ESCHA_SHIM_FN(name) escha_cuda_shim_##name
+#endif
+
 extern "C" {
+
+#ifdef GGML_USE_HIP
+// Lanes per wavefront for the calling thread's later calls: 32 (RDNA's
+// wave32) or 64 (CDNA, GCN).
+int escha_hip_shim_set_wave(int lanes) {
+    if (lanes != 32 && lanes != 64) {
+        return -1;
+    }
+    escha_shim_wave = lanes;
+    return 0;
+}
+#endif
 
 // W (ic x oc, row-major, f16 bits) as the lanes decode it: lane L's words
 // b[0..3] placed where the kernels' fragment layout says they belong, rows
 // 2(L%4)+{0,1} / +{8,9} of columns L/4 and L/4+8 of each 16x16 tile.
-int escha_cuda_shim_decode(int k, int64_t ic, int64_t oc, const int16_t * code, uint16_t * w) {
+int ESCHA_SHIM_FN(decode)(int k, int64_t ic, int64_t oc, const int16_t * code, uint16_t * w) {
     if ((k != 2 && k != 3) || ic <= 0 || oc <= 0 || ic % 16 || oc % 16) {
         return -1;
     }
@@ -198,7 +243,7 @@ int escha_cuda_shim_decode(int k, int64_t ic, int64_t oc, const int16_t * code, 
 }
 
 // The input transform alone: xh[m][ic] (f16 bits) from x[m][ic].
-int escha_cuda_shim_xh(int64_t ic, const float * x, int64_t m, const uint16_t * rin, const float * s_in, uint16_t * xh) {
+int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * rin, const float * s_in, uint16_t * xh) {
     if (ic <= 0 || ic % 128 || m <= 0) {
         return -1;
     }
@@ -218,7 +263,7 @@ int escha_cuda_shim_xh(int64_t ic, const float * x, int64_t m, const uint16_t * 
 }
 
 // The output transform alone: y[m][oc] from mid[m][oc].
-int escha_cuda_shim_out(int64_t oc, const float * mid, int64_t m, const uint16_t * rout, const float * s_out, const float * bias,
+int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t * rout, const float * s_out, const float * bias,
                         float * y) {
     if (oc <= 0 || oc % 128 || m <= 0) {
         return -1;
@@ -238,7 +283,7 @@ int escha_cuda_shim_out(int64_t oc, const float * mid, int64_t m, const uint16_t
 
 // One dense op: y[m][oc] from x[m][ic] (contiguous), path as in k_family_of_path,
 // IC split into ksplit parts (1: plain stores, more: f32 atomics).
-int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                            const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                            const float * bias, float * y, int path, int ksplit) {
     if (!shape_ok(k, ic, oc) || m <= 0) {
@@ -274,7 +319,7 @@ int escha_cuda_shim_linear(int k, int64_t ic, int64_t oc, const int16_t * code, 
 // comes out NaN. grouped = 0: one block row per slot
 // (decode sizes); 1: slots grouped by expert (as ggml's mmid helper does
 // on the device, here on the host). path as in k_family_of_path.
-int escha_cuda_shim_moe(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
+int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
                         const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
                         const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,
                         const float * bias, int64_t bias_rows, float * y, int grouped, int path, int ksplit) {

@@ -1,7 +1,13 @@
 // cuda-shim.h: just enough CUDA for hip/escha-kernels.cuh to compile as
-// C++17 on any host; the executor (cuda-executor.cpp) runs each thread of a
-// block as a fiber (tests/shim/fibers.h), and what needs more than one lane
-// meets at a warp barrier: shuffles here, the mma.m16n8k16 there.
+// C++17 on any host; the executor (cuda-executor.cpp) runs each hardware
+// warp (wavefront) of a block as a group of fibers (tests/shim/fibers.h),
+// and what needs more than one lane meets at a barrier: shuffles here, the
+// mma.m16n8k16 there.
+//
+// With GGML_USE_HIP (the executor's second build) it stands in for HIP as
+// ggml-hip compiles the kernels: their HIP branches, no mma, and
+// __shfl_xor_sync mapped to AMD's __shfl_xor as ggml's vendors/hip.h maps
+// it, on wavefronts of 32 (RDNA) or 64 (CDNA) lanes, chosen at run time.
 //
 // Modelled exactly: `half` as IEEE binary16 (the compiler's _Float16, round
 // to nearest even), f16 adds as one rounding of the exact f32 sum, the
@@ -12,8 +18,10 @@
 #define ESCHA_CUDA_SHIM_H
 
 #define ESCHA_CUDA_SHIM 1
-#define __CUDA_ARCH__ 800
 #define GGML_CUDA_CC_AMPERE 800
+#ifndef GGML_USE_HIP
+#define __CUDA_ARCH__ 800 // hipcc defines no __CUDA_ARCH__
+#endif
 
 #include <cstdint>
 #include <cstdlib>
@@ -34,10 +42,15 @@ struct dim3 {
     dim3(unsigned a, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 
-// The block being run (blocks run one after another) and the calling
-// thread: a fiber of tests/shim/fibers.h.
+// The block being run (blocks run one after another, and the wavefronts of
+// a block one after another: no kernel here synchronises a block), the
+// lanes of a wavefront (32, or 64 on HIP), the first thread of the
+// wavefront being run, and the calling thread: a fiber of
+// tests/shim/fibers.h, whose group is the wavefront.
 extern thread_local dim3 blockIdx, blockDim, gridDim;
-#define threadIdx (dim3((unsigned) escha_fibers::thread_index(), 0, 0))
+extern thread_local int escha_shim_wave, escha_shim_wave_base;
+extern thread_local unsigned char escha_shim_slots[64 * escha_fibers::kSlotBytes]; // the wavefront's exchange area
+#define threadIdx (dim3((unsigned) (escha_shim_wave_base + escha_fibers::thread_index()), 0, 0))
 
 // ---- half --------------------------------------------------------------------
 struct half {
@@ -130,23 +143,56 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // ---- cross-thread operations (cuda-executor.cpp) -------------------------------
 float atomicAdd(float * p, float v);
 
+// Every lane of the calling wavefront hands in v and gets lane src's v.
+// local: every lane's src is in its own 32 lanes, which then are all that
+// must meet (on a 64-lane wavefront one half may have returned already, as
+// on the GPU); otherwise the whole wavefront must.
 template <typename T>
-static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+static inline T escha_shim_exchange(T v, int src, bool local) {
     static_assert(sizeof(T) <= escha_fibers::kSlotBytes, "a slot holds kSlotBytes");
-    (void) mask;
-    unsigned char * slots = escha_fibers::warp_slots();
-    const int lane = escha_fibers::lane();
-    std::memcpy(slots + escha_fibers::kSlotBytes * lane, &v, sizeof v);
-    escha_fibers::warp_sync();
-    const int src = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));
+    const int lane = escha_fibers::thread_index();
+    std::memcpy(escha_shim_slots + escha_fibers::kSlotBytes * lane, &v, sizeof v);
+    local ? escha_fibers::warp_sync() : escha_fibers::group_sync();
     T r;
-    std::memcpy(&r, slots + escha_fibers::kSlotBytes * src, sizeof r);
-    escha_fibers::warp_sync(); // nobody overwrites a slot before every lane read it
+    std::memcpy(&r, escha_shim_slots + escha_fibers::kSlotBytes * src, sizeof r);
+    local ? escha_fibers::warp_sync() : escha_fibers::group_sync(); // nobody overwrites a slot before every lane read it
     return r;
 }
 
+#ifdef GGML_USE_HIP
+#define warpSize escha_shim_wave
+
+static inline int __lane_id() {
+    return escha_fibers::thread_index();
+}
+
+// AMD's __shfl_xor (hip/amd_detail/amd_warp_functions.h): a source at or
+// past the end of the caller's width-lane segment gives the caller's own
+// value; ds_bpermute takes the lane modulo the wavefront. A lane mask below
+// 32 keeps every source in the caller's 32 lanes, whatever the width.
+template <typename T>
+static inline T __shfl_xor(T var, int lane_mask, int width = warpSize) {
+    const int self = __lane_id();
+    int index = self ^ lane_mask;
+    index = index >= ((self + width) & ~(width - 1)) ? self : index;
+    return escha_shim_exchange(var, index & (warpSize - 1), (unsigned) lane_mask < 32);
+}
+
+// As ggml's vendors/hip.h has it (mask dropped, width required).
+#define __shfl_xor_sync(mask, var, laneMask, width) __shfl_xor(var, laneMask, width)
+#else
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    (void) mask;
+    const int lane = escha_fibers::thread_index();
+    return escha_shim_exchange(v, (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1)), true);
+}
+#endif
+
+#ifndef GGML_USE_HIP
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 with c as accumulator,
 // every lane of the warp at once (PTX ISA fragment layouts).
 void escha_shim_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+#endif
 
 #endif // ESCHA_CUDA_SHIM_H
