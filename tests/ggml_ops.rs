@@ -49,7 +49,24 @@ fn linear_through_ggml_matches_references() {
 
 #[test]
 fn moe_through_ggml_matches_references() {
-    let rust = Backend::cpu(2).unwrap();
+    moe_through_ggml(2);
+}
+
+/// ggml's CPU backend with more threads than experts and than (expert,
+/// output block) units, and with thread shares that start inside an expert:
+/// the same bounds, and the same bits as two threads.
+#[test]
+fn moe_through_ggml_on_many_threads() {
+    let two = moe_through_ggml(2);
+    for n in [3, 5, 13] {
+        assert!(moe_through_ggml(n) == two, "{n} threads gave other bits than 2");
+    }
+}
+
+/// Checks the MoE cases on `threads` CPU threads; the Rust path's outputs.
+fn moe_through_ggml(threads: usize) -> Vec<Vec<u32>> {
+    let rust = Backend::cpu(threads).unwrap();
+    let mut outs = Vec::new();
     let cref = Backend::cpu_reference(1).unwrap();
     let (k, e, ic, oc) = (3usize, 4usize, 256usize, 384usize);
     let mut rng = Rng::new(5);
@@ -77,6 +94,7 @@ fn moe_through_ggml_matches_references() {
             if exact {
                 assert_eq!(f32_bits_of(&got), bits(&want), "ggml reference path nx={nx}");
             } else {
+                outs.push(got.iter().map(|v| v.to_bits()).collect());
                 for s in 0..tokens * n_used {
                     let (t, u) = (s / n_used, s % n_used);
                     let ex = ids[s] as usize;
@@ -87,6 +105,7 @@ fn moe_through_ggml_matches_references() {
             }
         }
     }
+    outs
 }
 
 #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use escha_ggml::cpu::{CpuEngine, Isa, Kernel};
+use escha_ggml::cpu::{CpuEngine, ExpertGroups, Isa, Kernel, Slots};
 use escha_ggml::reference::{self, Moe, Routing};
 use escha_ggml::testutil::Rng;
 use escha_ggml::{cref, EschaError, MoeShape};
@@ -119,6 +119,53 @@ fn moe_kernels_match_reference() {
                         assert_within(&format!("{isa:?} k={k} slot {t},{u}"), &got[s..s + oc], &want[s..s + oc], &bound);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The forward with both phases split `nth` ways, the shares run one after
+/// another (the split is what is under test; the shares write disjoint
+/// rows and units by construction).
+fn forward_split(eng: &CpuEngine, p: &MoeProblem, x: &[f32], r: &Routing, nth: usize) -> Vec<f32> {
+    let slots = Slots::from_routing(r, x, p.shape.ic);
+    let groups = ExpertGroups::new(&slots.experts, p.shape.e);
+    let mut xh = vec![f32::NAN; slots.len() * p.shape.ic];
+    let mut y = vec![f32::NAN; slots.len() * p.shape.oc];
+    let mut scratch = vec![0f32; eng.scratch_floats(&groups)];
+    for ith in 0..nth {
+        // SAFETY: xh holds slots * IC floats; the shares are distinct and
+        // run one at a time.
+        unsafe { eng.transform_input_shared(&slots, xh.as_mut_ptr(), ith, nth) };
+    }
+    for ith in 0..nth {
+        // SAFETY: y holds slots * OC floats; groups from ExpertGroups::new;
+        // distinct shares one at a time, after every phase-1 share.
+        unsafe { eng.compute_shared(&xh, &groups, y.as_mut_ptr(), ith, nth, &mut scratch) };
+    }
+    y
+}
+
+#[test]
+fn moe_thread_splits_cover_every_unit_once() {
+    // 4 experts x 3 output blocks = 12 (expert, block) units; 5 shares start
+    // inside experts (at units 3, 6, 8, 10), 13 and 40 leave shares empty,
+    // and 7 slots under 13 or 40 shares leave phase-1 shares empty too.
+    let (k, e, ic, oc) = (2, 4, 256, 384);
+    let p = MoeProblem::new(11, k, e, ic, oc);
+    for isa in Isa::all_available() {
+        let eng = CpuEngine::new(&p.moe(true), Kernel::with_isa(isa).unwrap()).unwrap();
+        for (n_used, tokens) in [(2, 17), (1, 7)] {
+            let ids = ids(12, tokens, n_used, e);
+            let r = Routing { ids: &ids, n_used, tokens, nx: 1 };
+            let x = Rng::new(13).f32s(tokens * ic, 0.0, 1.0);
+            let whole = eng.forward(&x, &r).unwrap();
+            assert!(whole.iter().all(|v| !v.is_nan()));
+            for nth in [2, 3, 5, 13, 40] {
+                let got = forward_split(&eng, &p, &x, &r, nth);
+                let diff = got.iter().zip(&whole).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(diff.is_none(), "{isa:?} {nth} shares, {tokens} tokens: output {} is {} (one share: {})",
+                    diff.unwrap(), got[diff.unwrap()], whole[diff.unwrap()]);
             }
         }
     }
