@@ -5,16 +5,23 @@
 #   1. converter exactness: Escha HF checkpoint -> GGUF with
 #      examples/convert_escha_hf_to_gguf.py, then every tensor decoded, must
 #      equal bit for bit what upstream's unmodified converter makes of the
-#      checkpoint's decoded weights (V-head order, int8 -> Q8_0, fused gate_up);
+#      checkpoint's decoded weights (V-head order of the codes, scales and
+#      biases, int8 -> Q8_0, fused gate_up). Every coded projection carries
+#      random per-channel s_in/s_out with pruned outputs, and the dense model
+#      biases on the DeltaNet, FFN and attention projections
+#      (tests/fixtures/add_scales.py);
 #   2. llama.cpp runs the Escha GGUF (llama-cli, llama-perplexity), and its
-#      logits match the decoded-weight twin (KLD < 1e-4, same top token);
+#      logits match the decoded-weight twin (KLD < 1e-4, same top token), with
+#      the scales and the biases the architecture owns (attention q/k/v);
 #      llama-bench reports the twin's parameter count and an Escha-W2 type;
 #      llama-quantize keeps every escha tensor and requantizes the rest;
 #   3. converter refusals: missing / unknown leaves, escha_config
 #      disagreement, codebook id;
-#   4. the published dense-27B layout (qwen35.escha.version = 1) gives the
-#      same logits as this project's contract, a wrong lut is refused, and its
-#      biases are applied unless escha.apply_bias is overridden to false;
+#   4. the published dense-27B layout (qwen35.escha.version = 1, scales
+#      folded, V heads and their biases in grouped order) gives the same
+#      logits as this project's contract, a wrong lut is refused, and the
+#      biases only the escha op applies are applied unless escha.apply_bias is
+#      overridden to false;
 #   5. every rule of the GGUF contract broken once is refused by llama.cpp and
 #      escha decode naming the tensor (tests/contract-cases.sh), and a
 #      fixed-seed mutation guard (tests/fixtures/mutate.py): byte flips and
@@ -73,23 +80,37 @@ described() {
 convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" --no-mtp >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
 
 for kind in dense moe; do
-    hf="$cache/$kind-hf" coded="$cache/$kind-escha"
-    if [ ! -f "$coded/model.safetensors" ]; then
-        log "$kind: random checkpoint, coded to Escha-W2 (cached in $coded)"
-        rm -rf "$hf" "$coded"
+    hf="$cache/$kind-hf" plain="$cache/$kind-escha"
+    # The coded checkpoint is kept only for the escha binary that wrote it,
+    # so an encoder or writer change is always re-run.
+    stamp="$(sha256sum "$escha" | cut -d' ' -f1) $(sha256sum $fixtures/tiny_qwen35.py | cut -d' ' -f1)"
+    if [ ! -f "$plain/model.safetensors" ] || [ "$(cat "$plain/.made-by" 2>/dev/null)" != "$stamp" ]; then
+        log "$kind: random checkpoint, coded to Escha-W2 (cached in $plain for this escha binary)"
+        rm -rf "$hf" "$plain"
         "$py" $fixtures/tiny_qwen35.py "$kind" "$tok" "$hf"
-        "$escha" quantize "$hf" "$coded" --threads "$threads" --no-progress | tail -n 2
+        "$escha" quantize "$hf" "$plain" --threads "$threads" --no-progress | tail -n 2
+        echo "$stamp" >"$plain/.made-by"
+    fi
+    # Remade every run: scales on every coded projection, the biases the
+    # architecture owns ("arch": what the decoded twin can carry) and, for the
+    # dense model, also those only the escha op applies ("all").
+    coded="$work/$kind-escha"
+    "$py" $fixtures/add_scales.py "$plain" "$coded" --biases arch
+    exact="$coded"
+    if [ $kind = dense ]; then
+        exact="$work/dense-escha-all"
+        "$py" $fixtures/add_scales.py "$plain" "$exact" --biases all
     fi
 
-    log "$kind: converter exactness against upstream's converter on the decoded checkpoint"
+    log "$kind: converter exactness against upstream's converter on the decoded checkpoint ($(basename "$exact"))"
     fuse=(); [ $kind = moe ] && fuse=(--fuse-gate-up-exps)
-    "$escha" decode "$coded" "$work/$kind-decoded-hf" >/dev/null
+    "$escha" decode "$exact" "$work/$kind-decoded-hf" >/dev/null
     "$py" "$upstream/convert_hf_to_gguf.py" "$work/$kind-decoded-hf" --outfile "$work/$kind-upstream.gguf" --outtype f32 --no-mtp "${fuse[@]}" \
         >"$work/upstream.log" 2>&1 || { tail -n 5 "$work/upstream.log"; fail "upstream converter"; }
-    convert "$coded" --outfile "$work/$kind-f32.gguf" --outtype f32 || fail "$kind: conversion"
+    convert "$exact" --outfile "$work/$kind-f32.gguf" --outtype f32 || fail "$kind: conversion"
     "$escha" decode "$work/$kind-f32.gguf" "$work/$kind-f32-decoded.gguf" >/dev/null
     "$py" $fixtures/gguf_same.py "$work/$kind-f32-decoded.gguf" "$work/$kind-upstream.gguf" || fail "$kind: converted tensors differ from upstream's"
-    rm -f "$work/$kind-f32.gguf" "$work/$kind-f32-decoded.gguf" "$work/$kind-upstream.gguf"
+    rm -rf "$work/$kind-f32.gguf" "$work/$kind-f32-decoded.gguf" "$work/$kind-upstream.gguf" "$work/$kind-decoded-hf"
 
     log "$kind: llama.cpp runs the Escha GGUF and matches its decoded twin"
     model="$work/$kind.gguf"
@@ -175,12 +196,21 @@ below "$k" 1e-4 && below 99 "$top" || fail "published layout: KLD $k, same top $
 out=$("$bin/llama-cli" -m "$work/bad-lut.gguf" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) && fail "a wrong escha_lut loaded"
 grep -F "escha_lut: entry 12345" <<<"$out" >/dev/null || fail "wrong lut: $(grep -i error <<<"$out" | head -n 2)"
 echo "refused (lut): $(grep -o "escha_lut: entry .*" <<<"$out" | head -n 1)"
-"$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$work/bias.gguf" --bias
-read -r with _ <<<"$(kld "$work/bias.gguf" "$work/dense.kld")"
-read -r without _ <<<"$(kld "$work/bias.gguf" "$work/dense.kld" --override-kv escha.apply_bias=bool:false)"
-echo "with biases: KLD $with against the bias-free twin; with escha.apply_bias=false: $without"
+# The biases only the escha op applies (DeltaNet qkv and z, FFN): the
+# contract's model with them is the reference for the published layout's
+# (grouped V heads, which the loader must reorder with their biases).
+all="$work/dense-all.gguf"
+convert "$work/dense-escha-all" --outfile "$all" || fail "dense (all biases): conversion"
+ppl -m "$all" -f "$text" --kl-divergence-base "$work/dense-all.kld" | grep -F "Final estimate" || fail "dense (all biases): perplexity"
+"$py" $fixtures/to_published_v1.py "$all" "$cache/dense-escha" "$work/bias-v1.gguf"
+read -r k top _ <<<"$(kld "$work/bias-v1.gguf" "$work/dense-all.kld")"
+read -r with _ <<<"$(kld "$all" "$work/dense.kld")"
+read -r without _ <<<"$(kld "$all" "$work/dense.kld" --override-kv escha.apply_bias=bool:false)"
+echo "biases the escha op applies: published layout vs the contract: KLD $k, same top $top %;" \
+    "against the twin without them: KLD $with, and $without with escha.apply_bias=false"
+below "$k" 1e-4 && below 99 "$top" || fail "published layout with biases: KLD $k, same top $top %"
 below 1e-3 "$with" || fail "biases were not applied (KLD $with)"
-below "$without" 1e-4 || fail "escha.apply_bias=false still applied biases (KLD $without)"
+below "$without" 1e-4 || fail "escha.apply_bias=false still applied biases, or dropped the architecture's (KLD $without)"
 rm -f "$work"/*.gguf
 
 log "mutation guard: ${ESCHA_MUTANTS:-300} fixed-seed mutants of the dense Escha GGUF and checkpoint through escha decode and llama-cli"
