@@ -268,45 +268,111 @@ fn plan(moe: bool, k: i32, ic: i64, oc: i64, e: i64, rows: i64, n_used: i64, nx:
     Plan { n, grid, names: [name(0), if n > 1 { name(1) } else { String::new() }], scratch, args }
 }
 
+fn ceil_div(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// One dispatch as the plan should make it: kernel name, threadgroups
+/// per grid, threads per threadgroup, threadgroup memory bytes.
+#[derive(Debug, PartialEq)]
+struct Want {
+    name: String,
+    grid: [i64; 7],
+}
+
+/// The rules metal/README.md states for the kernels, written out on their
+/// own: a threadgroup is 4 simdgroups of 32 threads and owns one 128-block
+/// of outputs; dense GEMV below 8 rows (grid OC/128 x rows), prefill for 8
+/// to 31 rows (OC/128 x ceil(rows/8), 8 rows per threadgroup), simdgroup
+/// matrices from 32 rows (OC/128 x ceil(rows/32)). Threadgroup memory, as
+/// each kernel in escha.metal lays it out: GEMV 4 simdgroups x 128 input
+/// floats + 4 x 128 partial sums; prefill 8 rows x 128 inputs + 8 x 128
+/// sums; matrices 32 rows x 128 inputs + a 16-row strip of 128 weights.
+fn want_dense(k: i32, oc: i64, rows: i64, path: i32) -> Want {
+    let f = 4; // sizeof(float)
+    let path = if path != AUTO { path } else if rows < 8 { GEMV } else if rows < 32 { PREFILL } else { MMA };
+    let (kind, y, smem) = match path {
+        GEMV => ("gemv", rows, (4 * 128 + 4 * 128) * f),
+        PREFILL => ("prefill", ceil_div(rows, 8), (8 * 128 + 8 * 128) * f),
+        _ => ("mma", ceil_div(rows, 32), (32 * 128 + 16 * 128) * f),
+    };
+    Want { name: format!("kernel_escha_linear_{kind}_k{k}"), grid: [oc / 128, y, 1, 32, 4, 1, smem] }
+}
+
+/// MoE (README): below 8 tokens the GEMV over (OC/128, n_used, T); from 8
+/// tokens a map kernel, one thread per expert list (E + 1 lists, the last
+/// for invalid ids) in threadgroups of 32 and no threadgroup memory, then
+/// the grouped prefill over (OC/128, ceil(T/8), E+1) with the dense
+/// prefill's memory.
+fn want_moe(k: i32, oc: i64, e: i64, t: i64, n_used: i64, path: i32) -> Vec<Want> {
+    let f = 4;
+    let path = if path != AUTO { path } else if t < 8 { GEMV } else { PREFILL };
+    if path == GEMV {
+        return vec![Want { name: format!("kernel_escha_moe_gemv_k{k}"), grid: [oc / 128, n_used, t, 32, 4, 1, (4 * 128 + 4 * 128) * f] }];
+    }
+    vec![
+        Want { name: "kernel_escha_moe_map".into(), grid: [ceil_div(e + 1, 32), 1, 1, 32, 1, 1, 0] },
+        Want { name: format!("kernel_escha_moe_prefill_k{k}"), grid: [oc / 128, ceil_div(t, 8), e + 1, 32, 4, 1, (8 * 128 + 8 * 128) * f] },
+    ]
+}
+
+fn got(p: &Plan) -> Vec<Want> {
+    (0..p.n.max(0) as usize).map(|i| Want { name: p.names[i].clone(), grid: p.grid[i] }).collect()
+}
+
 /// The host-side encode decisions that ggml-metal-escha.cpp turns into
-/// Metal calls: kernel names, grids, threadgroup sizes and memory, args.
+/// Metal calls: kernel names, grids, threadgroup sizes and memory, args,
+/// against the rules above over a sweep of batch sizes (the thresholds and
+/// the ceil divisions show at 7/8, 31/32, 33) and the 27B/35B shapes.
 #[test]
 fn host_plan() {
-    // Decode-sized dense: GEMV, one threadgroup per (128 outputs, row).
-    let p = plan(false, 2, 5120, 17408, 1, 1, 1, 1, AUTO);
-    assert_eq!(p.n, 1);
-    assert_eq!(p.names[0], "kernel_escha_linear_gemv_k2");
-    assert_eq!(p.grid[0], [17408 / 128, 1, 1, 32, 4, 1, 2 * 4 * 128 * 4]);
-    assert_eq!((p.args.ic, p.args.oc, p.args.nrows, p.args.nb11), (5120, 17408, 1, 5120 * 4));
-    assert_eq!(p.args.code_es, 5120 / 16 * (17408 / 16) * 32 * 2);
-    // Batch 7 still GEMV, 8 to 31 prefill (8 rows per threadgroup), from 32
-    // simdgroup matrices (32 rows per threadgroup).
-    assert_eq!(plan(false, 3, 256, 384, 1, 7, 1, 1, AUTO).names[0], "kernel_escha_linear_gemv_k3");
-    let p = plan(false, 3, 256, 384, 1, 31, 1, 1, AUTO);
-    assert_eq!(p.names[0], "kernel_escha_linear_prefill_k3");
-    assert_eq!(p.grid[0], [3, 4, 1, 32, 4, 1, 2 * 8 * 128 * 4], "ceil(31 / 8) row blocks");
-    let p = plan(false, 3, 17408, 5120, 1, 512, 1, 1, AUTO);
-    assert_eq!(p.names[0], "kernel_escha_linear_mma_k3");
-    assert_eq!(p.grid[0], [5120 / 128, 512 / 32, 1, 32, 4, 1, (32 + 16) * 128 * 4]);
-    assert_eq!(plan(false, 2, 256, 384, 1, 33, 1, 1, AUTO).grid[0][1], 2, "ceil(33 / 32) row blocks");
-    assert_eq!(p.scratch, 0);
-    // MoE decode: one threadgroup per (128 outputs, slot, token), no scratch.
-    let p = plan(true, 2, 2048, 1024, 256, 1, 8, 1, AUTO);
-    assert_eq!((p.n, p.names[0].as_str()), (1, "kernel_escha_moe_gemv_k2"));
-    assert_eq!(p.grid[0][..3], [8, 8, 1]);
-    assert_eq!((p.args.n_used, p.args.n_expert, p.args.ne11, p.args.nbi1), (8, 256, 1, 32));
-    assert_eq!(p.scratch, 0);
-    // MoE prefill: map then grouped kernel over E+1 lists (the last: invalid ids).
-    let p = plan(true, 3, 512, 2048, 256, 512, 8, 8, AUTO);
-    assert_eq!(p.n, 2);
-    assert_eq!(p.names, ["kernel_escha_moe_map".to_string(), "kernel_escha_moe_prefill_k3".to_string()]);
-    assert_eq!(p.grid[0][..6], [(257 + 31) / 32, 1, 1, 32, 1, 1]);
-    assert_eq!(p.grid[1][..3], [2048 / 128, 512 / 8, 257]);
-    assert_eq!(p.args.slot_cap, 512 * 8);
-    assert_eq!(p.scratch, 257 * (1 + 512 * 8) * 4);
-    assert_eq!((p.args.nb11, p.args.nb12), (512 * 4, 8 * 512 * 4));
+    for k in [2, 3] {
+        for (ic, oc) in [(5120i64, 17408i64), (17408, 5120), (256, 384)] {
+            for rows in (1..=40).chain([63, 64, 65, 512]) {
+                for path in [AUTO, GEMV, PREFILL, MMA] {
+                    let p = plan(false, k, ic, oc, 1, rows, 1, 1, path);
+                    let what = format!("dense K={k} {ic}x{oc} rows={rows} path={path}");
+                    assert_eq!(p.n, 1, "{what}");
+                    assert_eq!(got(&p), vec![want_dense(k, oc, rows, path)], "{what}");
+                    // x rows contiguous: nb11 = IC floats; a code expert (the
+                    // whole code here) is IC/16 x OC/16 tiles of 16K int16.
+                    let a = p.args;
+                    assert_eq!((a.k, a.ic as i64, a.oc as i64, a.nrows as i64, a.nb11), (k, ic, oc, rows, ic as u64 * 4), "{what}");
+                    assert_eq!((a.ne11 as i64, a.ne12, a.n_used, a.n_expert), (rows, 1, 1, 1), "{what}");
+                    assert_eq!(a.code_es, (ic / 16 * (oc / 16) * 16 * k as i64 * 2) as u64, "{what}");
+                    assert_eq!(p.scratch, 0, "{what}");
+                }
+            }
+        }
+    }
+    for k in [2, 3] {
+        // (E, IC, OC, n_used, NX): the 35B expert shapes, and small ones.
+        for (e, ic, oc, n_used, nx) in [(256i64, 2048i64, 1024i64, 8i64, 1i64), (256, 512, 2048, 8, 8), (4, 256, 384, 2, 2), (8, 384, 256, 3, 1)] {
+            for t in (1..=20).chain([31, 32, 33, 512]) {
+                for path in [AUTO, GEMV, PREFILL] {
+                    let p = plan(true, k, ic, oc, e, t, n_used, nx, path);
+                    let what = format!("moe K={k} E={e} {ic}x{oc} T={t} n_used={n_used} nx={nx} path={path}");
+                    let want = want_moe(k, oc, e, t, n_used, path);
+                    assert_eq!(p.n as usize, want.len(), "{what}");
+                    assert_eq!(got(&p), want, "{what}");
+                    let a = p.args;
+                    assert_eq!((a.ic as i64, a.oc as i64, a.nrows as i64, a.n_used as i64, a.n_expert as i64), (ic, oc, t, n_used, e), "{what}");
+                    // x [T][NX][IC] and ids [T][n_used] int32, both contiguous.
+                    assert_eq!((a.ne11 as i64, a.nb11, a.nb12), (nx, ic as u64 * 4, (nx * ic * 4) as u64), "{what}");
+                    assert_eq!(a.nbi1, n_used as u64 * 4, "{what}");
+                    assert_eq!(a.code_es, (ic / 16 * (oc / 16) * 16 * k as i64 * 2) as u64, "{what}");
+                    // Prefill scratch after the result: E+1 counts, then E+1
+                    // slot lists of T*n_used int32 each.
+                    let prefill = want.len() == 2;
+                    let (cap, scratch) = if prefill { (t * n_used, (e + 1) + (e + 1) * t * n_used) } else { (0, 0) };
+                    assert_eq!((a.slot_cap as i64, p.scratch), (cap, scratch as u64 * 4), "{what}");
+                }
+            }
+        }
+    }
     // Shapes the kernels do not take.
     assert_eq!(plan(false, 2, 200, 384, 1, 1, 1, 1, AUTO).n, -1, "IC not a multiple of 128");
+    assert_eq!(plan(false, 2, 256, 200, 1, 1, 1, 1, AUTO).n, -1, "OC not a multiple of 128");
     assert_eq!(plan(false, 4, 256, 384, 1, 1, 1, 1, AUTO).n, -1, "K = 4");
     assert_eq!(plan(true, 2, 256, 384, 4, 3, 3, 2, AUTO).n, -1, "NX must divide n_used");
     assert_eq!(plan(true, 2, 256, 384, 4, 64, 2, 1, MMA).n, -1, "no simdgroup-matrix MoE kernel");
