@@ -8,9 +8,10 @@ mod common;
 
 use common::cli::{escha, TempDir};
 use common::files::{f16_tensor, f32_tensor, write_gguf, write_safetensors, Src};
-use escha_ggml::encode::effective_weight;
+use escha_ggml::cref;
 use escha_ggml::gguf::{GgmlType, GgufFile};
-use escha_ggml::reference::{self, Linear};
+use escha_ggml::hadamard::RS;
+use escha_ggml::reference::Linear;
 use escha_ggml::testutil::Rng;
 use escha_ggml::LinearShape;
 use half::f16;
@@ -48,6 +49,54 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 
 fn f16s(bytes: &[u8]) -> Vec<f16> {
     bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect()
+}
+
+/// The effective weight `[OC][IC]` of FORMAT.md §1 in f64, with a bound on
+/// the error of an f32 evaluation of each entry. Built from the C
+/// reference's `W_bare` (`escha decode` and the encoder use the Rust codec)
+/// and an f64 Hadamard written for the tests: `W_eff[c][i] = rin[i] * rout[c]
+/// * RS^2 * (H W_bare H)[i][c]`. The bound: each of the two 128-point
+/// Hadamards in f32 adds at most 7u times the sum of the magnitudes it adds
+/// up, so the whole product is within 14u * S of the exact one, S the sum of
+/// |W_bare| over the entry's 128x128 block; the final scale multiplies add a
+/// few u of |W_eff|. Twice that, to stay clear of second-order terms.
+fn weff_spec(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f16]) -> (Vec<f64>, Vec<f64>) {
+    let (ic, oc) = (shape.ic, shape.oc);
+    let wb: Vec<f64> = cref::reconstruct(code, shape).iter().map(|v| v.to_f64()).collect();
+    // Sum of |W_bare| per (input block, output block).
+    let (nib, nob) = (ic / 128, oc / 128);
+    let mut blk = vec![0f64; nib * nob];
+    for i in 0..ic {
+        for c in 0..oc {
+            blk[(i / 128) * nob + c / 128] += wb[i * oc + c].abs();
+        }
+    }
+    // H over the outputs of each input row, then H over the inputs of each output column.
+    let mut a = wb;
+    for row in a.chunks_exact_mut(oc) {
+        common::h128_f64(row);
+    }
+    let rs2 = (RS as f64) * (RS as f64);
+    let u = 2f64.powi(-24);
+    let (mut w, mut bound) = (vec![0f64; oc * ic], vec![0f64; oc * ic]);
+    let mut col = vec![0f64; ic];
+    for c in 0..oc {
+        for i in 0..ic {
+            col[i] = a[i * oc + c];
+        }
+        common::h128_f64(&mut col);
+        for i in 0..ic {
+            let scale = rs2 * rin[i].to_f64() * rout[c].to_f64();
+            let v = col[i] * scale;
+            w[c * ic + i] = v;
+            bound[c * ic + i] = 2.0 * (14.0 * u * blk[(i / 128) * nob + c / 128] * scale.abs() + 6.0 * u * v.abs());
+        }
+    }
+    (w, bound)
+}
+
+fn f32s_of(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
 }
 
 #[test]
@@ -100,13 +149,19 @@ fn quantize_writes_the_contract_and_reproduces_the_weights() {
         let code: Vec<i16> = f.read(code_t).unwrap().chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
         let (rin, rout) = (f16s(&f.read(rin_t).unwrap()), f16s(&f.read(rout_t).unwrap()));
         let shape = LinearShape::new(stem, k, ic, oc).unwrap();
-        let err = rel_err(&effective_weight(&code, shape, &rin, &rout), &want);
+        let err = rel_err(&f32s_of(&weff_spec(&code, shape, &rin, &rout).0), &want);
         eprintln!("{stem}: K={k} rel err of the decoded weight {err:.4}");
         // The tile MSE bars (0.070 / 0.019) give about 0.26 / 0.14.
         assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{stem}: {err}");
-        // The table reports the same error.
-        let line = o.stdout.lines().find(|l| l.starts_with(&format!("{stem}.weight"))).expect("table row");
-        assert!(line.contains(&format!("{err:.4}")), "{line} vs {err:.4}");
+        // The table reports the same error: its row is "tensor from K IC x OC
+        // bpw rel-err time", the error printed to 4 decimals.
+        let rows: Vec<&str> = o.stdout.lines().filter(|l| l.split_whitespace().next() == Some(&format!("{stem}.weight"))).collect();
+        assert_eq!(rows.len(), 1, "one table row for {stem}: {}", o.stdout);
+        let f: Vec<&str> = rows[0].split_whitespace().collect();
+        assert_eq!(f.len(), 7, "table row fields: {}", rows[0]);
+        assert_eq!((f[2], f[3]), (k.to_string().as_str(), format!("{ic}x{oc}").as_str()), "{}", rows[0]);
+        let reported: f64 = f[5].parse().unwrap_or_else(|_| panic!("rel err {:?} is not a number: {}", f[5], rows[0]));
+        assert!((reported - err).abs() <= 0.6e-4, "{}: reported rel err {reported} vs {err:.6}", rows[0]);
     }
     // Same input, same seed: the same file.
     let again = d.file("again.gguf");
@@ -265,7 +320,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
         let shape = LinearShape::new(prefix, k, ic, oc).unwrap();
         for x in 0..e {
             let n = ic * oc;
-            let got = effective_weight(&code[x * shape.code_len()..(x + 1) * shape.code_len()], shape, &rin[x * ic..(x + 1) * ic], &rout[x * oc..(x + 1) * oc]);
+            let got = f32s_of(&weff_spec(&code[x * shape.code_len()..(x + 1) * shape.code_len()], shape, &rin[x * ic..(x + 1) * ic], &rout[x * oc..(x + 1) * oc]).0);
             let err = rel_err(&got, &want[x * n..(x + 1) * n]);
             eprintln!("{prefix} expert {x}: K={k} rel err {err:.4}");
             assert!(err < if k == 2 { 0.30 } else { 0.16 }, "{prefix} expert {x}: {err}");
@@ -283,20 +338,37 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let plain_t = read_header(&plain.join("model.safetensors")).unwrap();
     let pget = |n: &str| plain_t.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("decoded: {n} missing"));
     assert!(plain_t.iter().all(|t| !t.name.contains("escha_") && !t.name.contains("weight_int8") && !t.name.contains("weight_scale")));
-    // Each decoded weight, [OC, IC] as in the checkpoint, must compute what
-    // the contract's forward computes from the coded leaves (to the f16
-    // rounding of xh and y), on random inputs.
+    // Each decoded weight, [OC, IC] as in the checkpoint, must be the
+    // effective weight of FORMAT.md §1 entry by entry (within the f32
+    // rounding bound of weff_spec), and compute what the C reference's
+    // forward computes from the coded leaves (to the f16 rounding of xh
+    // and y) on random inputs. Neither expectation goes through the Rust
+    // codec or the effective_weight function that decode calls.
     for (prefix, x, shape, code, rin, rout) in &decoded {
         let t = pget(&format!("{prefix}.weight"));
         let e = if t.shape.len() == 3 { t.shape[0] } else { 1 };
         assert_eq!(t.dtype, "F32", "{prefix}");
+        let (ic, oc, m) = (shape.ic, shape.oc, 3);
+        assert_eq!(t.shape, if e > 1 { vec![e, oc, ic] } else { vec![oc, ic] }, "{prefix}: [E?, OC, IC]");
         let v = t.read_f32().unwrap();
         let n = v.len() / e;
         let w = &v[x * n..(x + 1) * n];
-        let (ic, oc, m) = (shape.ic, shape.oc, 3);
+        let (spec, bound) = weff_spec(code, *shape, rin, rout);
+        let mut worst = 0f64;
+        for (j, ((&g, &s), &b)) in w.iter().zip(&spec).zip(&bound).enumerate() {
+            let d = (g as f64 - s).abs();
+            assert!(d <= b, "{prefix} expert {x}: decoded [{}, {}] = {g:e}, FORMAT.md's effective weight {s:e} (|diff| {d:e} > {b:e})", j / ic, j % ic);
+            worst = worst.max(d / b);
+        }
+        // The bound above holds for any f32 evaluation order; in the mean an
+        // f32 evaluation is far closer (relative RMS about 1e-7), while one
+        // f16 rounding anywhere on the way gives about 1.4e-4.
+        let rms = rel_err(w, &f32s_of(&spec));
+        eprintln!("{prefix} expert {x}: decoded weight against the f64 effective weight: worst |diff|/bound {worst:.3}, relative RMS {rms:.2e}");
+        assert!(rms < 1e-5, "{prefix} expert {x}: decoded weight {rms:e} (relative RMS) away from FORMAT.md's effective weight");
         let xin = Rng::new(77).f32s(m * ic, 0.0, 1.0);
         let l = Linear { name: prefix, shape: *shape, code, rin, rout, s_in: None, s_out: None, bias: None };
-        let want = reference::linear(&l, &xin, m).unwrap();
+        let want = cref::linear(&l, &xin, m).unwrap();
         let (mut num, mut den) = (0f64, 0f64);
         for r in 0..m {
             for c in 0..oc {
