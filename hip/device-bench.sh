@@ -8,6 +8,18 @@
 #            tree's escha-kernels.cuh, rebuilds test-backend-ops, runs,
 #            restores it and rebuilds. parity and broken stop the script
 #            with a message when a run, a build or a case count is wrong.
+#   offload  logits of small synthetic escha models (dense and MoE, 4 layers,
+#            widths / 4, F16 plain matrices) on CUDA at -ngl 99 and at a
+#            partial -ngl 2 (with and without op offload), and on the CPU,
+#            each against their decoded twin (`escha decode`, packed by
+#            device-pack.sh) in the same placement: mean KLD < 1e-4 and the same top
+#            token for >= 99%. Needs llama-perplexity (device-build.sh
+#            llama-perplexity). broken runs it too and it must fail there.
+#   mutants  each GPU mutant of tests/mutants.py (packed as patches by
+#            device-pack.sh; MUTANTS="id ..." picks some) applied to the
+#            build tree's CUDA sources, rebuilt, and its check run: every
+#            one must make the check fail; the sources are restored and
+#            rebuilt after each
 #   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
 #            IQ2_XXS weights of the same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
@@ -35,6 +47,56 @@ has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
 cases_of() { case $1 in ESCHA_LINEAR) echo 46 ;; ESCHA_MOE) echo 31 ;; esac; }
+# MODEL.gguf BASE.kld ARGS...: "mean-KLD same-top-%" of MODEL against BASE,
+# each field by its label ("missing" when llama-perplexity did not print it).
+kld_of() {
+    local m=$1 base=$2
+    shift 2
+    $B/llama-perplexity -m "$m" -f "$text" -c 128 --chunks 6 -t "$(nproc)" --kl-divergence-base "$base" --kl-divergence "$@" 2>&1 \
+        | tee "$out/kld-$(basename "$m" .gguf)$(printf '%s' "$*" | tr -c 'a-z0-9-' '_').log" \
+        | awk '/Mean +KLD: /{k=$3; nk++} /^Same top p: /{t=$4; nt++}
+               END{print (nk == 1 ? k : "missing"), (nt == 1 ? t : "missing")}'
+}
+# A B: A < B, both plain finite numbers (anything else fails).
+lt() { python3 -c 'import math, sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if math.isfinite(a) and a < b else 1)' "$1" "$2" 2>/dev/null; }
+text=.device-build/llama.cpp/ggml/include/ggml.h
+# Logits of the small synthetic models on CUDA (full and partial offload) and
+# on the CPU against their decoded twins; EXPECT is "pass" or "fail".
+offload() {
+    local expect=$1 bad=0
+    xz -dc .device/escha.xz > .device-build/escha && chmod +x .device-build/escha
+    for m in dense27b moe35b; do
+        local f=$M/check-$m.gguf
+        if [ ! -f "$f" ]; then
+            python3 hip/synthetic-qwen35.py --model $m --layers 4 --shrink 4 --weights escha --plain f16 --rout 0.01 -o "$f" >/dev/null
+            LD_LIBRARY_PATH=$B .device-build/escha decode "$f" "$M/check-$m-twin.gguf" >/dev/null || die "escha decode $f failed"
+            $B/llama-perplexity -m "$M/check-$m-twin.gguf" -f "$text" -c 128 --chunks 6 -t "$(nproc)" -ngl 0 --no-op-offload \
+                --kl-divergence-base "$M/check-$m.kld" > "$out/kld-base-$m.log" 2>&1 || die "$m: the twin's perplexity run failed"
+        fi
+        # Full offload; layers 0-1 on the host (their weights copied to the
+        # GPU per op for large batches, as llama.cpp does by default; then
+        # without that, on the CPU kernels); everything on the CPU.
+        # The twin runs in the same placement (upstream's CUDA matmuls round
+        # differently from its CPU ones); its distance from itself on the CPU
+        # is printed as that floor.
+        for place in "-ngl 99" "-ngl 2" "-ngl 2 --no-op-offload" "-ngl 0 --no-op-offload"; do
+            local tag base
+            tag=$(printf '%s' "$place" | tr -c 'a-z0-9-' '_')
+            base=$M/check-$m-twin$tag.kld
+            if [ ! -f "$base" ]; then
+                $B/llama-perplexity -m "$M/check-$m-twin.gguf" -f "$text" -c 128 --chunks 6 -t "$(nproc)" $place \
+                    --kl-divergence-base "$base" > "$out/kld-base-$m$tag.log" 2>&1 || die "$m $place: the twin's perplexity run failed"
+            fi
+            read -r floor floor_top <<<"$(kld_of "$M/check-$m-twin.gguf" "$M/check-$m.kld" $place)"
+            read -r k top <<<"$(kld_of "$f" "$base" $place)"
+            if lt "$k" 1e-4 && lt 99 "$top"; then r=pass; else r=fail; bad=1; fi
+            echo "offload $m $place: escha vs its decoded twin in the same placement: mean KLD $k, same top $top %: $r" \
+                "(the twin there vs on the CPU: $floor, $floor_top %)"
+        done
+    done
+    if [ "$expect" = pass ] && [ $bad = 1 ]; then die "offload: escha logits differ from the decoded twin"; fi
+    if [ "$expect" = fail ] && [ $bad = 0 ]; then die "offload: the broken decode matched the twin"; fi
+}
 for step in "$@"; do
     case $step in
     parity)
@@ -70,10 +132,40 @@ for step in "$@"; do
             grep -q "  0/$want tests passed" "$out/broken-$op.log" || die "$op: the broken decode did not fail all $want cases"
             echo "$op, decode broken on purpose: 0/$want tests passed, $(grep -c FAIL "$out/broken-$op.log") FAIL lines"
         done
+        if [ -x $B/llama-perplexity ]; then
+            ninja -C .device-build/build llama-perplexity > "$out/broken-build-ppl.log" 2>&1 || die "broken: building llama-perplexity failed"
+            offload fail
+        fi
         cp "$out/kernels.orig" "$f"
         rm -f "$out/kernels.orig"
         # Rebuild from the restored source, so later steps measure the real kernels.
-        ninja -C .device-build/build test-backend-ops > "$out/restore-build.log" 2>&1 || die "broken: rebuilding the restored kernels failed" ;;
+        ninja -C .device-build/build test-backend-ops $([ -x $B/llama-perplexity ] && echo llama-perplexity) > "$out/restore-build.log" 2>&1 \
+            || die "broken: rebuilding the restored kernels failed" ;;
+    offload)
+        [ -x $B/llama-perplexity ] || die "offload: no llama-perplexity (bash hip/device-build.sh llama-perplexity)"
+        offload pass ;;
+    mutants)
+        cuda=.device-build/llama.cpp/ggml/src/ggml-cuda
+        survived=0 n=0
+        for p in .device/gpu-mutants/*.patch; do
+            id=$(basename "$p" .patch)
+            if [ -n "${MUTANTS:-}" ] && [[ " $MUTANTS " != *" $id "* ]]; then continue; fi
+            check=$(sed -n 's/^# check: //p' "$p")
+            [ -n "$check" ] || die "mutant $id: no check line in $p"
+            # The patches name repository paths (hip/X); the tree has them in ggml-cuda/.
+            patch -s -d "$cuda" -p2 < "$p" || die "mutant $id: does not apply to the build tree"
+            if ninja -C .device-build/build test-backend-ops > "$out/mutant-$id-build.log" 2>&1; then
+                if TBO=$B/test-backend-ops bash -c "$check" > "$out/mutant-$id.log" 2>&1; then r=SURVIVED; survived=$((survived + 1)); else r=caught; fi
+            else
+                r="caught (does not build)"
+            fi
+            patch -s -R -d "$cuda" -p2 < "$p" || die "mutant $id: could not be reverted"
+            n=$((n + 1))
+            echo "gpu mutant $id: $r ($(grep -c FAIL "$out/mutant-$id.log" 2>/dev/null || echo 0) FAIL lines) - $(sed -n 's/^# [a-z0-9-]*: //p' "$p" | head -n 1)"
+        done
+        ninja -C .device-build/build test-backend-ops > "$out/mutants-restore.log" 2>&1 || die "mutants: rebuilding the restored sources failed"
+        [ $n -gt 0 ] || die "mutants: none selected"
+        [ $survived -eq 0 ] || die "mutants: $survived of $n survived" ;;
     perf)
         $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \

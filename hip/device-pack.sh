@@ -6,6 +6,9 @@
 #                                  hip/ copied in), minus unused backends
 #   .device/libescha_ggml_cpu.a.xz the Rust CPU kernels (the CPU side of
 #                                  test-backend-ops)
+#   .device/escha.xz               the escha tool (decoded twins for the offload
+#                                  check; it loads the build's libggml-base)
+#   .device/gpu-mutants/           tests/mutants.py's GPU mutants as patches
 #   .device/packed-id              what was packed (tree and library hashes)
 # Run `cargo build --release --features tools` first; then carry `.device`
 # and run hip/device-build.sh there. Keeps .device under 64 MiB.
@@ -33,5 +36,9 @@ for b in vulkan sycl cann opencl metal musa kompute webgpu zdnn hexagon openvino
 done
 tar -C "$tree" "${excl[@]}" --exclude='./.escha-synced-from' --exclude='*.gguf' -cf - . | xz -T2 -6 > .device/llama.cpp.tar.xz
 xz -T2 -6 -c "$lib" > .device/libescha_ggml_cpu.a.xz
+[ -x target/release/escha ] || { echo "no target/release/escha: run cargo build --release --features tools first" >&2; exit 1; }
+xz -T2 -6 -c target/release/escha > .device/escha.xz
+rm -rf .device/gpu-mutants
+python3 tests/mutants.py --group gpu --emit-patches .device/gpu-mutants >/dev/null
 { sha256sum .device/llama.cpp.tar.xz | cut -c1-16; sha256sum "$lib" | cut -c1-16; } > .device/packed-id
 du -sh .device/*

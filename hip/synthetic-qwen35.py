@@ -54,6 +54,11 @@ class Pool:
         clear = bytes(b & 0xBF for b in range(256))
         raw[1::2] = raw[1::2].translate(clear)
         self.f16 = bytes(raw)
+        # Tame values for logit checks: random sign and mantissa, exponent
+        # fixed at 2^-4, so 0.0625 <= |v| < 0.125.
+        tame = bytes((b & 0x83) | (0x0B << 2) for b in range(256))
+        raw[1::2] = bytes(self.raw[1::2]).translate(tame)
+        self.tame = bytes(raw)
         self.pos = 0
 
     def stream(self, src, n, out):
@@ -150,8 +155,9 @@ def const_f32(v):
     return lambda out, n: out.write(struct.pack("<f", v) * (n // 4))
 
 
-def build(model, n_layer, weights, imatrix_path, out_path):
+def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0"):
     m = dict(MODELS[model])
+    rout_bits = struct.unpack("<H", struct.pack("<e", rout))[0]
     arch = m["arch"]
     moe = "n_expert" in m
     E = m.get("n_expert", 1)
@@ -212,6 +218,8 @@ def build(model, n_layer, weights, imatrix_path, out_path):
             g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.f16, n, out))
             if not name.startswith(("token_embd", "output")):
                 imat.append((name, ne[0], ne[2] if len(ne) > 2 else 1))
+        elif plain == "f16":
+            g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame, n, out))
         else:
             g.tensor(name, ne, Q8_0, lambda out, n: q8_0_rows(pool, n // 34, out))
 
@@ -225,7 +233,7 @@ def build(model, n_layer, weights, imatrix_path, out_path):
         e = [n_exp] if n_exp else []
         g.tensor(stem + ".escha_code", [16 * k, oc // 16, ic // 16] + e, I16, lambda out, n: pool.stream(pool.raw, n, out))
         g.tensor(stem + ".escha_rin", [ic] + e, F16, const_f16(0x3C00))   # 1.0
-        g.tensor(stem + ".escha_rout", [oc] + e, F16, const_f16(0x251F))  # ~0.02
+        g.tensor(stem + ".escha_rout", [oc] + e, F16, const_f16(rout_bits))
         g.tensor(stem + ".escha_s_in", [ic] + e, F32, const_f32(1.0))
         g.tensor(stem + ".escha_s_out", [oc] + e, F32, const_f32(1.0))
 
@@ -289,6 +297,12 @@ def main():
     ap.add_argument("--weights", choices=["f16", "escha"], required=True)
     ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
     ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
+    ap.add_argument("--rout", type=float, default=0.02,
+                    help="every coded projection's rout (default 0.02; larger makes the layers matter to the logits)")
+    ap.add_argument("--plain", choices=["q8_0", "f16"], default="q8_0",
+                    help="the escha model's non-coded matrices: Q8_0 as the exports (default), or F16 with values "
+                         "of magnitude 1/16..1/8, for logit comparisons (llama.cpp quantizes the activations in front "
+                         "of Q8_0 weights, which turns rounding differences into flipped values)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
     n_layer = a.layers or MODELS[a.model]["n_layer"]
@@ -300,7 +314,7 @@ def main():
             if k in m:
                 m[k] //= a.shrink
         m["n_vocab"] = 4096
-    build(a.model, n_layer, a.weights, a.imatrix, a.output)
+    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain)
 
 
 if __name__ == "__main__":
