@@ -9,6 +9,8 @@
 #   6. Qwen3.5 dense and MoE end to end (tests/qwen35-e2e.sh)
 #   7. the kernels on aarch64 (NEON) under qemu (skipped with a note
 #      without the target)
+#   8. the mutants of tests/mutants.py's fast group: each bug the docs say
+#      the tests catch, injected into a copy of HEAD, must fail its test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,3 +67,6 @@ if rustup target list --installed 2>/dev/null | grep -q aarch64-unknown-linux-gn
 else
     log "aarch64 target unavailable: NEON path not tested in this run"
 fi
+
+log "mutants: every claimed bug caught (tests/mutants.py --group fast, on a copy of HEAD)"
+python3 tests/mutants.py --group fast

@@ -61,6 +61,13 @@ fn f16s(bytes: &[u8]) -> Vec<f16> {
 /// |W_bare| over the entry's 128x128 block; the final scale multiplies add a
 /// few u of |W_eff|. Twice that, to stay clear of second-order terms.
 fn weff_spec(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f16]) -> (Vec<f64>, Vec<f64>) {
+    weff_spec_scaled(code, shape, rin, rout, None, None)
+}
+
+/// [`weff_spec`] with the optional per-channel scales folded exactly:
+/// `W_eff[c][i]` times `s_in[i] * s_out[c]` (one f32 rounding each in the
+/// fold, inside the bound's few u of |W_eff|).
+fn weff_spec_scaled(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f16], s_in: Option<&[f32]>, s_out: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     let (ic, oc) = (shape.ic, shape.oc);
     let wb: Vec<f64> = cref::reconstruct(code, shape).iter().map(|v| v.to_f64()).collect();
     // Sum of |W_bare| per (input block, output block).
@@ -86,7 +93,9 @@ fn weff_spec(code: &[i16], shape: LinearShape, rin: &[f16], rout: &[f16]) -> (Ve
         }
         common::h128_f64(&mut col);
         for i in 0..ic {
-            let scale = rs2 * rin[i].to_f64() * rout[c].to_f64();
+            let si = s_in.map_or(1.0, |v| v[i] as f64);
+            let so = s_out.map_or(1.0, |v| v[c] as f64);
+            let scale = rs2 * rin[i].to_f64() * si * rout[c].to_f64() * so;
             let v = col[i] * scale;
             w[c * ic + i] = v;
             bound[c * ic + i] = 2.0 * (14.0 * u * blk[(i / 128) * nob + c / 128] * scale.abs() + 6.0 * u * v.abs());
@@ -328,6 +337,29 @@ fn quantize_writes_an_escha_hf_checkpoint() {
             decoded.push((prefix, x, shape, c.to_vec(), ri.to_vec(), ro.to_vec()));
         }
     }
+    // Per-channel scales on every coded linear (escha quantize writes none),
+    // away from 1 and with IC != OC, so a fold on the wrong side, of the
+    // wrong expert or not at all is a wrong weight.
+    let mut scales: BTreeMap<String, (Vec<f32>, Vec<f32>)> = BTreeMap::new();
+    {
+        let mut all: Vec<(String, String, Vec<usize>, Vec<u8>)> =
+            tensors.iter().map(|t| (t.name.clone(), t.dtype.clone(), t.shape.clone(), t.read().unwrap())).collect();
+        let mut srng = Rng::new(23);
+        for (prefix, _, shape, _, _, _) in &decoded {
+            if scales.contains_key(*prefix) {
+                continue;
+            }
+            let e = decoded.iter().filter(|d| d.0 == *prefix).count();
+            let lead = if e > 1 { vec![e] } else { vec![] };
+            let si: Vec<f32> = (0..e * shape.ic).map(|_| 0.5 + srng.uniform() * 1.5).collect();
+            let so: Vec<f32> = (0..e * shape.oc).map(|_| 0.5 + srng.uniform() * 1.5).collect();
+            all.push((format!("{prefix}.escha_s_in"), "F32".into(), [lead.clone(), vec![shape.ic]].concat(), f(&si)));
+            all.push((format!("{prefix}.escha_s_out"), "F32".into(), [lead, vec![shape.oc]].concat(), f(&so)));
+            scales.insert(prefix.to_string(), (si, so));
+        }
+        let refs: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = all.iter().map(|(n, d, s, b)| (n.as_str(), d.as_str(), s.clone(), b.clone())).collect();
+        write_safetensors(&output.join("model.safetensors"), &refs);
+    }
     // `escha decode` of the checkpoint: a plain checkpoint that any converter
     // reads, coded linears as their effective weights, int8 rows times scale.
     let plain = d.0.join("plain");
@@ -353,7 +385,9 @@ fn quantize_writes_an_escha_hf_checkpoint() {
         let v = t.read_f32().unwrap();
         let n = v.len() / e;
         let w = &v[x * n..(x + 1) * n];
-        let (spec, bound) = weff_spec(code, *shape, rin, rout);
+        let (si_all, so_all) = &scales[*prefix];
+        let (s_in, s_out) = (&si_all[x * ic..(x + 1) * ic], &so_all[x * oc..(x + 1) * oc]);
+        let (spec, bound) = weff_spec_scaled(code, *shape, rin, rout, Some(s_in), Some(s_out));
         let mut worst = 0f64;
         for (j, ((&g, &s), &b)) in w.iter().zip(&spec).zip(&bound).enumerate() {
             let d = (g as f64 - s).abs();
@@ -367,7 +401,7 @@ fn quantize_writes_an_escha_hf_checkpoint() {
         eprintln!("{prefix} expert {x}: decoded weight against the f64 effective weight: worst |diff|/bound {worst:.3}, relative RMS {rms:.2e}");
         assert!(rms < 1e-5, "{prefix} expert {x}: decoded weight {rms:e} (relative RMS) away from FORMAT.md's effective weight");
         let xin = Rng::new(77).f32s(m * ic, 0.0, 1.0);
-        let l = Linear { name: prefix, shape: *shape, code, rin, rout, s_in: None, s_out: None, bias: None };
+        let l = Linear { name: prefix, shape: *shape, code, rin, rout, s_in: Some(s_in), s_out: Some(s_out), bias: None };
         let want = cref::linear(&l, &xin, m).unwrap();
         let (mut num, mut den) = (0f64, 0f64);
         for r in 0..m {

@@ -1,0 +1,532 @@
+#!/usr/bin/env python3
+"""Mutation check: every bug the READMEs say the tests catch, injected and run.
+
+Each mutant edits one file of a copy of the repository (one or more `old` ->
+`new` replacements, each `old` found exactly once), runs the check that
+should catch it and restores the file byte for byte. A mutant whose check
+still passes has SURVIVED: the tests do not catch the bug it models.
+
+The copy is a `git clone --shared` of this repository's committed HEAD
+(uncommitted changes are not seen), checked out in a temporary directory
+(default: <tmpdir>/escha-mutants, or $ESCHA_MUTANTS_DIR) with its own cargo
+target directory inside it, so a build in the repository itself is never
+touched. Before any mutant runs, every check the selected mutants use must
+pass on the unmutated copy (a check that already fails proves nothing).
+
+Exit status: 0 if every mutant was caught; 1 if one survived, was stale
+(its `old` text no longer occurs exactly once), broke the build instead of
+failing a test, or a baseline check failed.
+
+Group `gpu` holds the CUDA kernel and host-plan mutants for a run on a GPU
+machine (test-backend-ops must not report every case passing); it is not
+run here: `--emit-patches DIR` writes one unified diff per mutant (any
+group) for `patch -p1`.
+"""
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = ".escha-mutants-copy"
+
+# ---- checks ------------------------------------------------------------------
+
+# Pure-Rust checks build without the `ggml` feature (no llama.cpp tree);
+# the shim checks need `shims` (which pulls in `ggml`: a CMake build of the
+# patched llama.cpp on the first run, incremental afterwards). Every
+# ggml-dependent check uses the same feature set, so one tree serves all.
+RUST = ["cargo", "test", "--release", "--no-default-features"]
+SHIMS = ["cargo", "test", "--release", "--features", "shims"]
+
+CHECKS = {
+    "stage_tests": RUST + ["--lib", "stage_tests"],
+    "codec": RUST + ["--test", "codec"],
+    "transforms": RUST + ["--test", "transforms"],
+    "linear": RUST + ["--test", "linear"],
+    "moe": RUST + ["--test", "moe"],
+    "quantize": SHIMS + ["--test", "quantize"],
+    "cuda_shim": SHIMS + ["--test", "cuda_shim"],
+    "hip_shim": SHIMS + ["--test", "hip_shim"],
+    "hip_shim_wave64": SHIMS + ["--test", "hip_shim", "wave64"],
+    "metal_shim": SHIMS + ["--test", "metal_shim"],
+    "metal_glue_moe": SHIMS + ["--test", "metal_shim", "ggml_glue_moe"],
+    # The whole end-to-end script, with a short mutation guard.
+    "qwen35_e2e": ["env", "ESCHA_MUTANTS=20", "tests/qwen35-e2e.sh"],
+}
+
+# Run on the GPU machine by the device script (not here): test-backend-ops of
+# the patched tree, $TBO, against the CPU reference; the mutant is caught when
+# a case fails. GGML_ESCHA_SIMT=1 also gates the SIMT kernel HIP runs.
+DEVICE_CHECKS = {
+    "device_tbo": 'for simt in 0 1; do for op in ESCHA_LINEAR ESCHA_MOE; do '
+                  'GGML_ESCHA_SIMT=$simt "${TBO:-test-backend-ops}" -b CUDA0 -o $op || exit 1; done; done',
+}
+
+
+def check_text(name):
+    if name in CHECKS:
+        return " ".join(CHECKS[name])
+    return DEVICE_CHECKS[name]
+
+
+# ---- mutants -----------------------------------------------------------------
+
+
+class Mutant:
+    def __init__(self, id, group, file, edits, check, claim, needs=None):
+        self.id, self.group, self.file, self.edits = id, group, file, edits
+        self.check, self.claim, self.needs = check, claim, needs
+
+
+def M(id, group, file, old, new, check, claim, needs=None):
+    """A mutant of one replacement."""
+    return Mutant(id, group, file, [(old, new)], check, claim, needs)
+
+
+CUH = "hip/escha-kernels.cuh"
+METAL = "metal/escha.metal"
+
+# The CUDA kernel mutants (checked by the CUDA shim here, by test-backend-ops
+# on a GPU in group gpu).
+CUDA_KERNEL = [
+    Mutant("cuda-afrag-swap", "fast", CUH,
+           [("const uint32_t A[4] = { b[0], b[2], b[1], b[3] };", "const uint32_t A[4] = { b[0], b[1], b[2], b[3] };")],
+           "cuda_shim", "GEMV: two A-fragment registers swapped"),
+    M("cuda-lane-offset", "fast", CUH, "off = p0 % 32;", "off = (p0 + 1) % 32;",
+      "cuda_shim", "lane bit offset shifted by one bit"),
+    M("cuda-drop-shuffle", "fast", CUH,
+      "                s += __shfl_xor_sync(0xFFFFFFFF, s, 2, ESCHA_LANES);\n", "",
+      "cuda_shim", "SIMT: one reduction shuffle dropped"),
+    M("cuda-prefill-row", "fast", CUH,
+      "rhi[mt] = g.row(mt * 16 + lane / 4 + 8);", "rhi[mt] = g.row(mt * 16 + lane / 4 + 9);",
+      "cuda_shim", "prefill: the upper fragment row shifted by one"),
+    M("cuda-butterfly-sign", "fast", CUH,
+      "v[q] = (lane & m) ? p - v[q] : v[q] + p;", "v[q] = (lane & m) ? v[q] - p : v[q] + p;",
+      "cuda_shim", "H128: a butterfly with the wrong sign"),
+    Mutant("cuda-cb-ulp", "fast", CUH, [
+        ("    uint32_t r[8];\n", "    uint32_t r[8], st[8];\n"),
+        ("        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;\n",
+         "        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;\n        st[j] = s;\n"),
+        ("b[q] = __byte_perm(ua, ub, 0x7610);",
+         "b[q] = __byte_perm(ua ^ (uint32_t) ((st[2 * q] & 255) == 90), "
+         "ub ^ ((uint32_t) ((st[2 * q + 1] & 255) == 90) << 16), 0x7610);"),
+    ], "cuda_shim", "codebook one f16 ulp off for 1/256 of the states ((s & 255) == 90)"),
+    M("cuda-xh-trunc", "fast", CUH,
+      "xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));",
+      "float t = __fmul_rn(u[q], ESCHA_RS_F); uint32_t tb; memcpy(&tb, &t, 4); tb &= ~0x1FFFu; memcpy(&t, &tb, 4);\n"
+      "            xh[r * IC + i0 + q] = __float2half_rn(t);",
+      "cuda_shim", "xh converted to f16 by truncation, not rounded to nearest"),
+    Mutant("cuda-y-unrounded", "fast", CUH, [
+        ("half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));",
+         "float y = __fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro);"),
+        ("y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);",
+         "y = y + v.bias[e * v.bias_es + o0 + q];"),
+        (": __half2float(y);", ": y;"),
+    ], "cuda_shim", "output transform: y (and y + bias) not rounded to f16"),
+    Mutant("cuda-cb-trunc", "fast", CUH, [
+        ("// REG_LOP: mask and xr from the parameters",
+         "static __device__ __forceinline__ half2 escha_mut_trunc_add(const half2 h) {\n"
+         "    float s = __half2float(h.x) + __half2float(h.y);\n"
+         "    uint32_t u; memcpy(&u, &s, 4); u &= ~0x1FFFu; memcpy(&s, &u, 4);\n"
+         "    half2 r; r.x = __float2half_rn(s); r.y = r.x; return r;\n"
+         "}\n\n"
+         "// REG_LOP: mask and xr from the parameters"),
+        ("const half2 ta = __hadd2(__low2half2(ha), __high2half2(ha));", "const half2 ta = escha_mut_trunc_add(ha);"),
+        ("const half2 tb = __hadd2(__low2half2(hb), __high2half2(hb));", "const half2 tb = escha_mut_trunc_add(hb);"),
+    ], "cuda_shim", "codebook: the two halves' sum truncated, not rounded to nearest"),
+]
+
+MUTANTS = CUDA_KERNEL + [
+    # ---- HIP branch of escha_decode_lane, and 64-lane wavefronts --------------
+    M("hip-cut-shift", "fast", CUH,
+      "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };",
+      "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << (sh + 1)) >> 16; };",
+      "hip_shim", "HIP decode: a state cut one bit off"),
+    M("hip-wave64-h128", "fast", CUH,
+      "    for (int m = 1; m < ESCHA_LANES; m *= 2) {\n",
+      "#ifdef GGML_USE_HIP\n    for (int m = 1; m < warpSize; m *= 2) {\n#else\n"
+      "    for (int m = 1; m < ESCHA_LANES; m *= 2) {\n#endif\n",
+      "hip_shim_wave64", "HIP H128 loops over the wavefront, not the 32-lane warp (wrong on 64 lanes only)"),
+    # ---- Metal kernels and glue ------------------------------------------------
+    M("metal-bitpos", "fast", METAL,
+      "int p0 = (8 * (int) lane + 1) * K - 16;", "int p0 = (8 * (int) lane + 1) * K - 15;",
+      "metal_shim", "decode: bitstream position off by one"),
+    M("metal-drop-sout", "fast", METAL, "            r = r * s_out[i];\n", "",
+      "metal_shim", "output transform: s_out dropped"),
+    M("metal-butterfly-sign", "fast", METAL,
+      "v = (lane & h) ? (o - v) : (v + o);", "v = (lane & h) ? (v - o) : (v + o);",
+      "metal_shim", "H128: a butterfly with the wrong sign"),
+    M("metal-gemv-barrier", "fast", METAL,
+      "    threadgroup_barrier(mem_flags::mem_threadgroup);\n    if (sg == 0) {\n        float4 mid;",
+      "    if (sg == 0) {\n        float4 mid;",
+      "metal_shim", "GEMV: the barrier before the partial-sum join removed (NaN outputs)"),
+    M("metal-map-loses-slot", "fast", METAL, "    scratch[e] = n;\n", "    scratch[e] = n > 0 ? n - 1 : 0;\n",
+      "metal_shim", "MoE map: each expert's last slot lost"),
+    M("metal-mma-columns", "fast", METAL,
+      "simdgroup_load(b[cb], sw + kk * 8 * 128 + sg * 32 + cb * 8, 128);",
+      "simdgroup_load(b[cb], sw + kk * 8 * 128 + cb * 32 + sg * 8, 128);",
+      "metal_shim", "matrix kernel: the strip read at the wrong columns"),
+    M("metal-mma-early", "fast", METAL,
+      "            threadgroup_barrier(mem_flags::mem_threadgroup);\n            ESCHA_UNROLL\n"
+      "            for (int kk = 0; kk < 2; kk++) {",
+      "            ESCHA_UNROLL\n            for (int kk = 0; kk < 2; kk++) {",
+      "metal_shim", "matrix kernel: multiplies before the strip is decoded"),
+    M("metal-glue-scratch", "fast", "metal/ggml-metal-escha.cpp",
+      "    buf[ESCHA_MTL_BUF_SCRATCH].offs += ggml_nbytes(op);\n", "",
+      "metal_glue_moe", "glue: MoE scratch bound without its offset after the result"),
+    M("metal-glue-dense-srcs", "fast", "ggml-escha/include/escha-op.h",
+      "vec[v] = dst->src[escha_vec_slot(moe, v)];", "vec[v] = dst->src[escha_vec_slot(false, v)];",
+      "metal_glue_moe", "op parser (the glue's): MoE vector sources read at the dense indices"),
+    # ---- Rust CPU ---------------------------------------------------------------
+    M("avx2-cb-ulp", "fast", "src/cpu/avx2.rs",
+      "    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)))\n}",
+      "    let v = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)));\n"
+      "    let sp = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));\n"
+      "    let hit = _mm256_cmpeq_epi32(_mm256_and_si256(sp, _mm256_set1_epi32(255)), _mm256_set1_epi32(90));\n"
+      "    _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_and_si256(hit, _mm256_set1_epi32(1 << 13))))\n}",
+      "stage_tests", "AVX2 codebook one f16 ulp off for 1/256 of the states", needs="avx2"),
+    M("avx512-cb-ulp", "fast", "src/cpu/avx512.rs",
+      "    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))\n}",
+      "    let v = _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)));\n"
+      "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(s, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
+      "    _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), hit, _mm512_castps_si512(v), _mm512_set1_epi32(1 << 13)))\n}",
+      "stage_tests", "AVX-512 codebook one f16 ulp off for 1/256 of the states", needs="avx512f"),
+    M("codec-cb-trunc", "fast", "src/codec.rs",
+      "    f16::from_f32(lo + hi)\n}", "    f16::from_f32(f32::from_bits((lo + hi).to_bits() & !0x1FFF))\n}",
+      "codec", "scalar codebook: the halves' sum truncated, not rounded to nearest"),
+    M("transform-xh-unrounded", "fast", "src/transform.rs",
+      "        *v = round_f16(*v * RS);\n", "        *v = *v * RS;\n",
+      "linear", "input transform: xh not rounded to f16"),
+    M("transform-y-unrounded", "fast", "src/transform.rs",
+      "        let mut v = f16::from_f32((m * RS) * rout_eff[c]);\n        if let Some(b) = bias {\n"
+      "            v = f16::from_f32(v.to_f32() + b[c]);",
+      "        let u = (m * RS) * rout_eff[c];\n        let mut v = f16::from_f32(u);\n        if let Some(b) = bias {\n"
+      "            v = f16::from_f32(u + b[c]);",
+      "linear", "output transform: the bias added to y before y is rounded to f16"),
+    M("transform-fold-swap", "fast", "src/transform.rs",
+      "    (fold(rin, s_in), fold(rout, s_out))", "    (fold(rin, s_out), fold(rout, s_in))",
+      "transforms", "scale fold: s_in and s_out swapped"),
+    M("moe-share-drops-unit", "fast", "src/cpu/engine.rs",
+      "while unit < mine.end {", "while unit + 1 < mine.end {",
+      "moe", "MoE thread share drops its last unit"),
+    Mutant("decode-fold-side", "fast", "src/quantize/decode.rs", [
+        ("we.chunks_exact_mut(ic).for_each(|row| row.iter_mut().zip(&si).for_each(|(a, b)| *a *= b));",
+         "we.chunks_exact_mut(ic).zip(&si).for_each(|(row, b)| row.iter_mut().for_each(|a| *a *= b));"),
+        ("we.chunks_exact_mut(ic).zip(&so).for_each(|(row, b)| row.iter_mut().for_each(|a| *a *= b));",
+         "we.chunks_exact_mut(ic).for_each(|row| row.iter_mut().zip(&so).for_each(|(a, b)| *a *= b));"),
+    ], "quantize", "`escha decode`: s_in and s_out folded on the wrong side of the weight"),
+    M("decode-expert0-scales", "fast", "src/quantize/decode.rs",
+      "if let Some(si) = slice(self.s_in, ic, x) {", "if let Some(si) = slice(self.s_in, ic, 0) {",
+      "quantize", "`escha decode`: every expert folded with expert 0's s_in"),
+]
+
+# Group e2e (slow: each mutant rebuilds the tools and runs the whole Qwen3.5
+# end-to-end script, about 10 minutes on 2 cores): the converter's, the
+# loader's and the decode's handling of scales and biases, each caught by
+# tests/qwen35-e2e.sh (converter exactness against upstream, the decoded
+# twin, the published layout against the contract).
+MUTANTS += [
+    M("convert-vhead-bias", "e2e", "examples/convert_escha_hf_to_gguf.py",
+      'for leaf in (("escha_rout", "escha_s_out", "bias") if side == "out"',
+      'for leaf in (("escha_rout", "escha_s_out") if side == "out"',
+      "qwen35_e2e", "converter: a DeltaNet bias left in checkpoint V-head order"),
+    M("convert-vhead-s-in", "e2e", "examples/convert_escha_hf_to_gguf.py",
+      'else ("escha_rin", "escha_s_in")):', 'else ("escha_rin",)):',
+      "qwen35_e2e", "converter: ssm_out's s_in left in checkpoint V-head order"),
+    M("loader-v1-bias-order", "e2e", "ggml-escha/llama/llama-escha.cpp",
+      "            move_heads(e->bias, 0, first, hv, src);\n", "",
+      "qwen35_e2e", "loader: the published layout's DeltaNet biases not moved with their V heads"),
+    M("loader-arch-bias-twice", "e2e", "ggml-escha/llama/llama-escha.cpp",
+      '                const ggml_tensor * b = model->get_tensor((stem + ".bias").c_str());\n',
+      '                const ggml_tensor * b = model->get_tensor((stem + ".bias").c_str());\n'
+      '                for (auto & [code, reg] : g_weights) { if (reg.model == model && reg.stem == stem) { reg.w.bias = (ggml_tensor *) b; } }\n',
+      "qwen35_e2e", "loader: a bias the architecture adds itself also given to the escha op (applied twice)"),
+    M("decode-scales-dropped", "e2e", "src/quantize/decode.rs",
+      "if let Some(so) = slice(self.s_out, oc, x) {", "if let Some(so) = slice(None, oc, x) {",
+      "qwen35_e2e", "`escha decode`: s_out not folded (the twin then differs from the model)"),
+]
+
+# Group gpu: the CUDA kernel mutants again, and one of the host plan.
+MUTANTS += [Mutant("gpu-" + m.id[len("cuda-"):], "gpu", m.file, m.edits, "device_tbo", m.claim) for m in CUDA_KERNEL]
+MUTANTS += [
+    M("gpu-ic-split-short", "gpu", "hip/escha.cu",
+      "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);",
+      "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
+      "device_tbo", "host plan: the grid one IC split short (its tile rows never summed)"),
+]
+
+# ---- helpers -----------------------------------------------------------------
+
+
+def apply_edits(text, m):
+    """The mutated text, or (None, reason) when an `old` is not found exactly once."""
+    for i, (old, new) in enumerate(m.edits):
+        n = text.count(old)
+        if n != 1:
+            return None, "edit %d: old text found %d times in %s" % (i + 1, n, m.file)
+        text = text.replace(old, new, 1)
+    return text, None
+
+
+def head_file(path):
+    return subprocess.run(["git", "-C", ROOT, "show", "HEAD:" + path], check=True, capture_output=True).stdout.decode()
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+class Runner:
+    """Runs commands in the copy; a timeout or Ctrl-C ends the whole process group."""
+
+    def __init__(self, copy):
+        self.copy = copy
+        self.env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(copy, "target"), CARGO_TERM_COLOR="never")
+
+    def run(self, cmd, timeout, log_path):
+        t0 = time.monotonic()
+        with open(log_path, "wb") as out:
+            p = subprocess.Popen(cmd, cwd=self.copy, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, shell=isinstance(cmd, str))
+            try:
+                rc = p.wait(timeout=timeout)
+            except BaseException:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+                if sys.exc_info()[0] is subprocess.TimeoutExpired:
+                    rc = None
+                else:
+                    raise
+        with open(log_path, "rb") as f:
+            output = f.read().decode(errors="replace")
+        return rc, output, time.monotonic() - t0
+
+
+# A mutant that does not build proves nothing (a test binary that aborts does fail).
+BUILD_ERROR = re.compile(r"^error: could not compile|^error occurred in cc-rs|failed to run custom build command|"
+                         r"^error: linking with|^error\[E\d+\]: ", re.M)
+FAILED_TEST = re.compile(r"^test (\S+) \.\.\. FAILED", re.M)
+PASSED_TEST = re.compile(r"^test \S+ \.\.\. ok|^qwen35 checks passed$", re.M)
+
+
+def classify(rc, output):
+    """'pass', 'fail' (a test failed), 'build' (it did not build) or 'timeout'."""
+    if rc is None:
+        return "timeout"
+    if rc == 0:
+        return "pass"
+    if BUILD_ERROR.search(output) and not FAILED_TEST.search(output):
+        return "build"
+    return "fail"
+
+
+def make_copy(dest, keep_existing):
+    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    if os.path.exists(dest):
+        if not os.path.exists(os.path.join(dest, MARKER)):
+            sys.exit("mutants: %s exists and is not a copy made by this script; remove it or set ESCHA_MUTANTS_DIR" % dest)
+        if not keep_existing:
+            shutil.rmtree(dest)
+    if os.path.exists(dest):
+        log("reusing the copy in %s (its target directory is kept)" % dest)
+        subprocess.run(["git", "-C", dest, "fetch", "-q", ROOT, sha], check=True)
+        subprocess.run(["git", "-C", dest, "checkout", "-q", "--detach", "-f", sha], check=True)
+    else:
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", ROOT, dest], check=True)
+        subprocess.run(["git", "-C", dest, "checkout", "-q", "--detach", sha], check=True)
+        open(os.path.join(dest, MARKER), "w").close()
+    subprocess.run(["git", "-C", dest, "clean", "-q", "-fdx", "-e", "target", "-e", MARKER, "-e", "mutant-logs"], check=True)
+    return sha
+
+
+def emit_patches(mutants, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    bad = 0
+    for m in mutants:
+        text = head_file(m.file)
+        new, err = apply_edits(text, m)
+        if new is None:
+            log("STALE %s: %s" % (m.id, err))
+            bad += 1
+            continue
+        diff = difflib.unified_diff(text.splitlines(True), new.splitlines(True), "a/" + m.file, "b/" + m.file)
+        with open(os.path.join(out_dir, m.id + ".patch"), "w") as f:
+            f.write("# %s: %s\n# check: %s\n" % (m.id, m.claim, check_text(m.check)))
+            f.writelines(diff)
+    log("%d patches in %s" % (len(mutants) - bad, out_dir))
+    return 1 if bad else 0
+
+
+def print_table(rows):
+    head = ("id", "claim", "check", "result", "s")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    fmt = "  ".join("%-" + str(w) + "s" for w in widths[:-1]) + "  %" + str(widths[-1]) + "s"
+    log(fmt % head)
+    log(fmt % tuple("-" * w for w in widths))
+    for r in rows:
+        log(fmt % r)
+
+
+# ---- main --------------------------------------------------------------------
+
+
+def main():
+    groups = sorted({m.group for m in MUTANTS})
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Tests the committed HEAD only: uncommitted changes are not in the copy. The copy is a "
+               "`git clone --shared` in $ESCHA_MUTANTS_DIR (default <tmpdir>/escha-mutants) with its own "
+               "cargo target directory; a copy kept with --keep is reused (and its build) by the next run. "
+               "Checks: " + "; ".join("%s = %s" % (k, check_text(k)) for k in CHECKS),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--group", default="fast", choices=groups + ["all"], help="mutants of this group (default: fast)")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="just these mutants (any group)")
+    ap.add_argument("--list", action="store_true", help="list the selected mutants (and whether each still applies)")
+    ap.add_argument("--keep", action="store_true", help="keep the copy (and reuse an existing one)")
+    ap.add_argument("--emit-patches", metavar="DIR", help="write one unified diff per selected mutant (patch -p1), run nothing")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per mutant check (default 1200)")
+    args = ap.parse_args()
+
+    ids = {m.id for m in MUTANTS}
+    if args.only:
+        unknown = [i for i in args.only if i not in ids]
+        if unknown:
+            sys.exit("mutants: unknown id(s): " + " ".join(unknown))
+        sel = [m for m in MUTANTS if m.id in args.only]
+    else:
+        sel = [m for m in MUTANTS if args.group in ("all", m.group)]
+
+    if args.list:
+        for m in sel:
+            _, err = apply_edits(head_file(m.file), m)
+            log("%-24s %-5s %-16s %-30s %s%s%s" % (m.id, m.group, m.check, m.file, m.claim,
+                                                   " [needs %s]" % m.needs if m.needs else "",
+                                                   "  STALE: " + err if err else ""))
+        return 0
+    if args.emit_patches:
+        return emit_patches(sel, args.emit_patches)
+    device = [m for m in sel if m.check in DEVICE_CHECKS]
+    if device:
+        sys.exit("mutants: %s run on a GPU machine; write them with --emit-patches DIR and apply each there "
+                 "with patch -p1, then run its check" % ", ".join(m.id for m in device))
+
+    flags = cpu_flags()
+    skipped = [m for m in sel if m.needs and m.needs not in flags]
+    for m in skipped:
+        log("skip %s: this CPU lacks %s" % (m.id, m.needs))
+    sel = [m for m in sel if m not in skipped]
+
+    dest = os.environ.get("ESCHA_MUTANTS_DIR") or os.path.join(tempfile.gettempdir(), "escha-mutants")
+    dest = os.path.abspath(dest)
+    if os.path.commonpath([dest, ROOT]) == ROOT:
+        sys.exit("mutants: the copy must lie outside the repository")
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    t_start = time.monotonic()
+    rows, notes, failed = [], [], False
+    try:
+        sha = make_copy(dest, args.keep)
+        log("copy of HEAD %s in %s" % (sha[:12], dest))
+        logs = os.path.join(dest, "mutant-logs")
+        os.makedirs(logs, exist_ok=True)
+        runner = Runner(dest)
+
+        # Stale mutants fail the run before anything is built.
+        plans = []
+        for m in sel:
+            path = os.path.join(dest, m.file)
+            with open(path, "rb") as f:
+                orig = f.read()
+            new, err = apply_edits(orig.decode(), m)
+            if new is None:
+                rows.append((m.id, m.claim, m.check, "STALE", "-"))
+                notes.append("%s: %s" % (m.id, err))
+                failed = True
+            else:
+                plans.append((m, path, orig, new.encode()))
+
+        # Baseline: each check must pass unmutated (this is also the first build).
+        for check in dict.fromkeys(m.check for m, *_ in plans):
+            log("baseline %-16s %s" % (check, check_text(check)))
+            rc, out, secs = runner.run(CHECKS[check], None, os.path.join(logs, "baseline-%s.log" % check))
+            log("baseline %-16s %s in %.0f s" % (check, "passes" if rc == 0 else "FAILS", secs))
+            if rc != 0:
+                log(out[-4000:])
+                log("mutants: check %s fails on the unmutated copy; nothing is proved" % check)
+                return 1
+            if not PASSED_TEST.search(out):
+                log("mutants: check %s runs no test (a filter that matches nothing?)" % check)
+                return 1
+
+        for m, path, orig, new in plans:
+            st = os.stat(path)
+            try:
+                with open(path, "wb") as f:
+                    f.write(new)
+                rc, out, secs = runner.run(CHECKS[m.check], args.timeout, os.path.join(logs, m.id + ".log"))
+            finally:
+                with open(path, "wb") as f:
+                    f.write(orig)
+                now = time.time()
+                os.utime(path, (now, max(now, st.st_mtime + 1)))  # newer than the mutant: cargo rebuilds
+            with open(path, "rb") as f:
+                assert f.read() == orig, "restore of " + path
+            kind = classify(rc, out)
+            result = {"fail": "caught", "timeout": "caught (timeout)", "pass": "SURVIVED", "build": "BUILD ERROR"}[kind]
+            if kind in ("pass", "build"):
+                failed = True
+                notes.append("%s (%s):\n%s" % (m.id, result, "\n".join(out.rstrip().splitlines()[-25:])))
+            elif kind == "fail":
+                names = FAILED_TEST.findall(out)
+                if names:
+                    notes.append("%s: failed %s" % (m.id, ", ".join(names)))
+            rows.append((m.id, m.claim, m.check, result, "%.0f" % secs))
+            log("%-24s %-16s %-16s %5.0f s" % (m.id, m.check, result, secs))
+    except KeyboardInterrupt:
+        log("mutants: interrupted")
+        return 130
+    finally:
+        if not args.keep and os.path.exists(os.path.join(dest, MARKER)):
+            shutil.rmtree(dest, ignore_errors=True)
+
+    log("")
+    if rows:
+        print_table(rows)
+    for m in skipped:
+        log("skipped %s: needs %s" % (m.id, m.needs))
+    if notes:
+        log("")
+        for n in notes:
+            log(n)
+    log("\ntotal %.0f s" % (time.monotonic() - t_start))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
