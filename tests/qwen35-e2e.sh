@@ -19,7 +19,8 @@
 #      disagreement, codebook id;
 #   4. the published dense-27B layout (qwen35.escha.version = 1, scales
 #      folded, V heads and their biases in grouped order) gives the same
-#      logits as this project's contract, a wrong lut is refused, and the
+#      logits as this project's contract, a wrong lut or dependency table is
+#      refused, and the
 #      biases only the escha op applies are applied unless escha.apply_bias is
 #      overridden to false;
 #   5. every rule of the GGUF contract broken once is refused by llama.cpp and
@@ -196,6 +197,11 @@ below "$k" 1e-4 && below 99 "$top" || fail "published layout: KLD $k, same top $
 out=$("$bin/llama-cli" -m "$work/bad-lut.gguf" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) && fail "a wrong escha_lut loaded"
 grep -F "escha_lut: entry 12345" <<<"$out" >/dev/null || fail "wrong lut: $(grep -i error <<<"$out" | head -n 2)"
 echo "refused (lut): $(grep -o "escha_lut: entry .*" <<<"$out" | head -n 1)"
+"$py" $fixtures/to_published_v1.py "$work/dense.gguf" "$cache/dense-escha" "$work/bad-dep.gguf" --bad-dep
+rc=0; out=$("$bin/llama-cli" -m "$work/bad-dep.gguf" -p hi -n 1 -st -t "$threads" </dev/null 2>&1) || rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "a wrong escha_dep_k3 loaded, or crashed (exit $rc)"
+grep -F "escha_dep_k3: entry [77][5]" <<<"$out" >/dev/null || fail "wrong dep table: $(grep -i error <<<"$out" | head -n 2)"
+echo "refused (dep table): $(grep -o "escha_dep_k3: entry .*" <<<"$out" | head -n 1)"
 # The biases only the escha op applies (DeltaNet qkv and z, FFN): the
 # contract's model with them is the reference for the published layout's
 # (grouped V heads, which the loader must reorder with their biases).

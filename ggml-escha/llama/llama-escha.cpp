@@ -65,8 +65,39 @@ std::vector<uint8_t> read_from_file(llama_model_loader & ml, const char * name) 
     return buf;
 }
 
+// A published dependency table (i16 {16, 256}, row t = value t of a tile):
+// the stream positions of value t's 16 state bits, derived from §2 up to the
+// two conventions the format does not fix (the order the 16 bits are listed
+// in, and where position 0 is): every row is 16 consecutive positions mod
+// 256K, all rows in the same direction, and row t starts K positions after
+// row t-1 (or all before). Returns an empty string when it is such a table.
+std::string dep_table_error(const char * name, const int16_t * v, int k) {
+    const int n = 256 * k;
+    auto at = [&](int t, int j) { return (int) v[t * 16 + j]; };
+    auto mod = [n](int x) { return ((x % n) + n) % n; };
+    for (int i = 0; i < 16 * 256; i++) {
+        if (v[i] < 0 || v[i] >= n) {
+            return format("%s: entry [%d][%d] = %d is not a stream position (0..%d)", name, i / 16, i % 16, v[i], n - 1);
+        }
+    }
+    const int d = mod(at(0, 1) - at(0, 0)) == 1 ? 1 : -1;  // bit order
+    const int e = mod(at(1, 0) - at(0, 0)) == k ? 1 : -1;  // value order
+    for (int t = 0; t < 256; t++) {
+        for (int j = 0; j < 16; j++) {
+            const int want = mod(at(0, 0) + e * k * t + d * j);
+            if (at(t, j) != want) {
+                return format("%s: entry [%d][%d] = %d, expected %d: not the state-bit positions of docs/FORMAT.md §2 "
+                    "(each value's 16 state bits are consecutive stream positions, %d after the previous value's)",
+                    name, t, j, at(t, j), want, k);
+            }
+        }
+    }
+    return "";
+}
+
 // The published layout's global tables: the lookup table must be our
-// codebook bit for bit; the dependency tables are checked for shape only.
+// codebook bit for bit, the dependency tables the state-bit positions of
+// the format (dep_table_error).
 void check_published_tables(llama_model_loader & ml) {
     if (const ggml_tensor * lut = ml.get_tensor_meta("escha_lut")) {
         if (lut->type != GGML_TYPE_F16 || ggml_nelements(lut) != 65536 || lut->ne[0] != 65536) {
@@ -86,6 +117,13 @@ void check_published_tables(llama_model_loader & ml) {
         if (t != nullptr && (t->type != GGML_TYPE_I16 || t->ne[0] != 16 || t->ne[1] != 256 || t->ne[2] != 1 || t->ne[3] != 1)) {
             throw std::runtime_error(format("%s: %s {%lld, %lld, %lld, %lld}, expected i16 {16, 256}", name, ggml_type_name(t->type),
                 (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3]));
+        }
+        if (t != nullptr) {
+            const std::vector<uint8_t> raw = read_from_file(ml, name);
+            const std::string err = dep_table_error(name, (const int16_t *) raw.data(), name[strlen(name) - 1] - '0');
+            if (!err.empty()) {
+                throw std::runtime_error(err);
+            }
         }
     }
 }
