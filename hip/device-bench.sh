@@ -47,18 +47,9 @@ has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
 cases_of() { case $1 in ESCHA_LINEAR) echo 46 ;; ESCHA_MOE) echo 31 ;; esac; }
-# MODEL.gguf BASE.kld ARGS...: "mean-KLD same-top-%" of MODEL against BASE,
-# each field by its label ("missing" when llama-perplexity did not print it).
-kld_of() {
-    local m=$1 base=$2
-    shift 2
-    $B/llama-perplexity -m "$m" -f "$text" -c 128 --chunks 6 -t "$(nproc)" --kl-divergence-base "$base" --kl-divergence "$@" 2>&1 \
-        | tee "$out/kld-$(basename "$m" .gguf)$(printf '%s' "$*" | tr -c 'a-z0-9-' '_').log" \
-        | awk '/Mean +KLD: /{k=$3; nk++} /^Same top p: /{t=$4; nt++}
-               END{print (nk == 1 ? k : "missing"), (nt == 1 ? t : "missing")}'
-}
-# A B: A < B, both plain finite numbers (anything else fails).
-lt() { python3 -c 'import math, sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if math.isfinite(a) and a < b else 1)' "$1" "$2" 2>/dev/null; }
+# The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
+bin=$B threads=$(nproc)
+source scripts/lib/kld.sh
 text=.device-build/llama.cpp/ggml/include/ggml.h
 # Logits of the small synthetic models on CUDA (full and partial offload) and
 # on the CPU against their decoded twins; EXPECT is "pass" or "fail".
@@ -70,8 +61,8 @@ offload() {
         if [ ! -f "$f" ]; then
             python3 hip/synthetic-qwen35.py --model $m --layers 4 --shrink 4 --weights escha --plain f16 --rout 0.01 -o "$f" >/dev/null
             LD_LIBRARY_PATH=$B .device-build/escha decode "$f" "$M/check-$m-twin.gguf" >/dev/null || die "escha decode $f failed"
-            $B/llama-perplexity -m "$M/check-$m-twin.gguf" -f "$text" -c 128 --chunks 6 -t "$(nproc)" -ngl 0 --no-op-offload \
-                --kl-divergence-base "$M/check-$m.kld" > "$out/kld-base-$m.log" 2>&1 || die "$m: the twin's perplexity run failed"
+            ppl -m "$M/check-$m-twin.gguf" -f "$text" -ngl 0 --no-op-offload --kl-divergence-base "$M/check-$m.kld" \
+                > "$out/kld-base-$m.log" || die "$m: the twin's perplexity run failed"
         fi
         # Full offload; layers 0-1 on the host (their weights copied to the
         # GPU per op for large batches, as llama.cpp does by default; then
@@ -84,12 +75,12 @@ offload() {
             tag=$(printf '%s' "$place" | tr -c 'a-z0-9-' '_')
             base=$M/check-$m-twin$tag.kld
             if [ ! -f "$base" ]; then
-                $B/llama-perplexity -m "$M/check-$m-twin.gguf" -f "$text" -c 128 --chunks 6 -t "$(nproc)" $place \
-                    --kl-divergence-base "$base" > "$out/kld-base-$m$tag.log" 2>&1 || die "$m $place: the twin's perplexity run failed"
+                ppl -m "$M/check-$m-twin.gguf" -f "$text" $place --kl-divergence-base "$base" \
+                    > "$out/kld-base-$m$tag.log" || die "$m $place: the twin's perplexity run failed"
             fi
-            read -r floor floor_top <<<"$(kld_of "$M/check-$m-twin.gguf" "$M/check-$m.kld" $place)"
-            read -r k top <<<"$(kld_of "$f" "$base" $place)"
-            if lt "$k" 1e-4 && lt 99 "$top"; then r=pass; else r=fail; bad=1; fi
+            read -r floor floor_top _ <<<"$(kld "$M/check-$m-twin.gguf" "$M/check-$m.kld" $place)"
+            read -r k top _ <<<"$(kld "$f" "$base" $place)"
+            if below "$k" 1e-4 && below 99 "$top"; then r=pass; else r=fail; bad=1; fi
             echo "offload $m $place: escha vs its decoded twin in the same placement: mean KLD $k, same top $top %: $r" \
                 "(the twin there vs on the CPU: $floor, $floor_top %)"
         done

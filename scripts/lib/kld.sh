@@ -1,4 +1,4 @@
-# Sourced by examples/gemma-demo.sh and tests/qwen35-e2e.sh: two llama.cpp
+# Sourced by examples/gemma-demo.sh, tests/qwen35-e2e.sh and hip/device-bench.sh: two llama.cpp
 # models compared through llama-perplexity's KL divergence on the same text.
 # Needs $bin (the llama.cpp tools) and $threads.
 
