@@ -112,18 +112,19 @@ void check_published_tables(llama_model_loader & ml) {
             }
         }
     }
-    for (const char * name : { "escha_dep_k2", "escha_dep_k3" }) {
+    for (const auto [name, k] : { std::pair<const char *, int>{ "escha_dep_k2", 2 }, { "escha_dep_k3", 3 } }) {
         const ggml_tensor * t = ml.get_tensor_meta(name);
-        if (t != nullptr && (t->type != GGML_TYPE_I16 || t->ne[0] != 16 || t->ne[1] != 256 || t->ne[2] != 1 || t->ne[3] != 1)) {
+        if (t == nullptr) {
+            continue;
+        }
+        if (t->type != GGML_TYPE_I16 || t->ne[0] != 16 || t->ne[1] != 256 || t->ne[2] != 1 || t->ne[3] != 1) {
             throw std::runtime_error(format("%s: %s {%lld, %lld, %lld, %lld}, expected i16 {16, 256}", name, ggml_type_name(t->type),
                 (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3]));
         }
-        if (t != nullptr) {
-            const std::vector<uint8_t> raw = read_from_file(ml, name);
-            const std::string err = dep_table_error(name, (const int16_t *) raw.data(), name[strlen(name) - 1] - '0');
-            if (!err.empty()) {
-                throw std::runtime_error(err);
-            }
+        const std::vector<uint8_t> raw = read_from_file(ml, name);
+        const std::string err = dep_table_error(name, (const int16_t *) raw.data(), k);
+        if (!err.empty()) {
+            throw std::runtime_error(err);
         }
     }
 }
