@@ -20,8 +20,11 @@
 #            build tree's CUDA sources, rebuilt, and its check run: every
 #            one must make the check fail; the sources are restored and
 #            rebuilt after each
-#   perf     test-backend-ops perf: escha ops and MUL_MAT with Q4_K, Q2_K,
-#            IQ2_XXS weights of the same shapes
+#   decode   the decode-once kernel (the dense BLAS path) against the C
+#            reference bit for bit on this GPU, and its time (needs only nvcc)
+#   perf     test-backend-ops perf: escha ops (shipped plan, BLAS path off,
+#            BLAS path always) and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16
+#            weights of the same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
 #            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin
 #            (needs no build: run it in the background while building)
@@ -30,6 +33,8 @@
 #   iq2      the IQ2_XXS twins (uniform importance matrix; slow: about 3 min
 #            for the 16-layer dense twin on 16 cores), then the twin is deleted
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
+#   batched  llama-batched-bench at 1, 4, 16, 32 sequences, every model
+#            present (device-build.sh llama-batched-bench)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
 # models: each call to a GPU machine starts from a fresh tree and may run 10
 # minutes, and build + one model's twins + bench fit one call:
@@ -46,7 +51,7 @@ MODELS=${MODELS:-dense moe}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 46 ;; ESCHA_MOE) echo 31 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 54 ;; ESCHA_MOE) echo 31 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -158,10 +163,30 @@ for step in "$@"; do
         [ $n -gt 0 ] || die "mutants: none selected"
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived" ;;
     perf)
-        $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE > "$out/perf-escha.log" 2>&1
+        # The shipped plan, then the dense BLAS path forced off and on (the
+        # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
+        # f16 (cuBLAS) at the same shapes.
+        for v in shipped:"" noblas:0 blas:1; do
+            tag=${v%%:*} rows=${v#*:}
+            env ${rows:+GGML_ESCHA_BLAS_MIN_ROWS=$rows} $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE \
+                > "$out/perf-escha-$tag.log" 2>&1 || die "perf: escha ops ($tag) failed"
+            echo "== escha, $tag"
+            grep -h "us/run" "$out/perf-escha-$tag.log" | sed 's/,per=.*pad=0)/)/'
+        done
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
-            -p 'type_a=(q4_K|q2_K|iq2_xxs),type_b=f32,m=(17408|5120),n=(1|512),k=(5120|17408),bs=\[1,1\]' > "$out/perf-mulmat.log" 2>&1
-        grep -h "us/run" "$out/perf-escha.log" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
+            -p 'type_a=(q4_K|q2_K|iq2_xxs|f16),type_b=f32,m=(17408|5120),n=(1|16|32|64|128|512),k=(5120|17408),bs=\[1,1\]' \
+            > "$out/perf-mulmat.log" 2>&1 || die "perf: MUL_MAT failed"
+        echo "== MUL_MAT"
+        grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
+    decode)
+        # The decode-once kernel on this GPU against the C reference, bit for bit, and its time.
+        export PATH=/usr/local/cuda/bin:$PATH
+        mkdir -p .device-build
+        nvcc -std=c++17 -O3 -arch=sm_90 -Iggml-escha/include -Iggml-escha/ref -o .device-build/escha-decode-check \
+            hip/bench/escha-decode-check.cu ggml-escha/ref/escha_ref.c > "$out/decode-check-build.log" 2>&1 \
+            || { tail -n 20 "$out/decode-check-build.log"; die "decode: building the check failed"; }
+        .device-build/escha-decode-check | tee "$out/decode-check.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || die "decode: weights differ from the C reference" ;;
     gen|models)
         S=hip/synthetic-qwen35.py
         if has dense; then
@@ -190,6 +215,18 @@ for step in "$@"; do
             for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
                 [ -f "$f" ] || { echo "missing $f"; continue; }
                 $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
+            done
+        done ;;
+    batched)
+        # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
+        [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"
+        for m in $MODELS; do
+            for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+                [ -f "$f" ] || { echo "missing $f"; continue; }
+                echo "== $f"
+                $B/llama-batched-bench -m "$f" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,4,16,32 \
+                    > "$out/batched-$(basename "$f" .gguf).log" 2>&1 || die "batched: $f failed"
+                grep -E "^\|" "$out/batched-$(basename "$f" .gguf).log" | tail -n 4
             done
         done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

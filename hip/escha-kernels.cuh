@@ -275,6 +275,40 @@ static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __rest
     escha_decode_lane<K, REG_LOP>(lw, lb.off, c, b);
 }
 
+// ---- decode once (the BLAS path) ----------------------------------------------
+
+// Decodes a whole weight (one expert's code) into f16, w[oc][ic]: each
+// output channel's IC weights contiguous, the A operand of a TN GEMM
+// (cuBLAS / hipBLAS OP_T, lda = IC) whose product with xh is mid. Every
+// value is the contract's weight bit for bit (the same lane decode as the
+// multiply kernels). Warps take tiles in code order, so consecutive warps
+// read consecutive code; lane L writes its 4 half2 words to rows L/4 and
+// L/4 + 8 of the tile's 16 output channels, k pairs kq and kq + 8, so the
+// four lanes of a quad fill one 32-byte sector of each of their two rows.
+// Grid: any number of blocks (a warp loops over the tiles it owns).
+template <int K>
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
+        const uint32_t * __restrict__ code, half * __restrict__ w, const int KT, const int NT, const escha_consts dc) {
+    constexpr int W = 8 * K;
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const escha_lane_bits<K> lb(lane);
+    const int64_t IC = (int64_t) KT * 16;
+    const int n = lane / 4, kq = (lane % 4) * 2;
+    const int64_t n_tiles = (int64_t) KT * NT;
+    const int64_t warps = (int64_t) gridDim.x * ESCHA_WARPS;
+    for (int64_t i = (int64_t) blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES; i < n_tiles; i += warps) {
+        const int64_t kt = i / NT, nt = i % NT;
+        uint32_t b[4];
+        escha_decode_lane<K>(code + i * W, lb, dc, b);
+        uint32_t * lo = (uint32_t *) (w + (nt * 16 + n) * IC + kt * 16 + kq);
+        uint32_t * hi = (uint32_t *) (w + (nt * 16 + n + 8) * IC + kt * 16 + kq);
+        lo[0] = b[0]; // k kq, kq+1 of output n
+        lo[4] = b[1]; // k kq+8, kq+9
+        hi[0] = b[2]; // the same of output n + 8
+        hi[4] = b[3];
+    }
+}
+
 // ---- the decode-and-multiply kernel -----------------------------------------
 
 struct escha_mm_args {

@@ -7,12 +7,16 @@
 #include <cstdint>
 
 // Multiply kernels: escha_mm_kernel on the SIMT path (HIP, pre-Ampere
-// NVIDIA), escha_gemv_kernel (mma, token generation, up to 16 rows per
-// weight) and escha_mm_kernel with mma (prefill, 64 rows a block).
+// NVIDIA), escha_gemv_kernel (mma, token generation and small batches: up
+// to 16 rows per weight for MoE, 64 for dense), escha_mm_kernel with mma
+// (prefill, 64 rows a block), and for large dense batches the weight
+// decoded once into f16 (escha_decode_kernel) and multiplied by the
+// vendor's BLAS on tensor cores.
 enum escha_cuda_family {
     ESCHA_CUDA_SIMT = 0,
     ESCHA_CUDA_GEMV = 1,
     ESCHA_CUDA_MMA = 2,
+    ESCHA_CUDA_BLAS = 3,
 };
 
 // Row grouping (escha_mm_args.mode).
@@ -25,10 +29,20 @@ enum escha_cuda_mode {
 // MoE ops with at most this many tokens run each slot on its own.
 static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 
+// Rows one weight serves in the GEMV kernel at most: 8, 16, 32 or 64 rows
+// a block (dense; MoE groups stay at 16, as few rows reach one expert).
+static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
+static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
+
+// Dense ops of at least this many rows take the BLAS path (the crossover
+// measured on the H200, docs/PERFORMANCE.md; GGML_ESCHA_BLAS_MIN_ROWS
+// overrides it, 0 turns the path off).
+static constexpr int64_t ESCHA_CUDA_BLAS_MIN_ROWS = 128;
+
 struct escha_cuda_plan {
     int     family;
     int     mode;
-    int     nb;      // GEMV: 8-row groups per block, 1 or 2
+    int     nb;      // GEMV: 8-row groups per block, 1, 2, 4 or 8
     int     rows;    // rows one block multiplies
     int     ntw;     // output tiles per warp
     int64_t n_x;     // blocks along the output tiles
@@ -45,11 +59,15 @@ static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t 
     escha_cuda_plan p = {};
     p.family = family;
     p.mode = mode;
-    p.nb = per_group <= 8 ? 1 : 2;
+    p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : per_group <= 32 ? 4 : 8;
     p.rows = family == ESCHA_CUDA_SIMT ? 16 : family == ESCHA_CUDA_MMA ? 64 : p.nb * 8;
-    p.ntw = family == ESCHA_CUDA_GEMV ? 4 : 2;
+    // GEMV: 4 tile columns per warp, 2 at 64 rows (its accumulators).
+    p.ntw = family == ESCHA_CUDA_GEMV ? (p.nb == 8 ? 2 : 4) : 2;
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
-    if (mode == ESCHA_CUDA_DENSE) {
+    if (family == ESCHA_CUDA_BLAS) {
+        p.rows = (int) n_rows; // one product for all rows, no grid of groups
+        p.n_x = p.n_z = p.z_busy = 1;
+    } else if (mode == ESCHA_CUDA_DENSE) {
         p.n_z = p.z_busy = (n_rows + p.rows - 1) / p.rows;
     } else if (mode == ESCHA_CUDA_PER_SLOT) {
         p.n_z = p.z_busy = n_rows;
@@ -63,12 +81,15 @@ static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t 
 
 // The plan for n_rows op rows (dense rows, or MoE slots of n_tokens
 // tokens). use_mma: the device has tensor cores the kernels use (sm_80+
-// NVIDIA, not forced to SIMT).
+// NVIDIA, not forced to SIMT). blas_min_rows: dense ops of at least this
+// many rows take the BLAS path (0: never).
 static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
-                                                   int warps, bool use_mma) {
+                                                   int warps, bool use_mma, int64_t blas_min_rows) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : n_tokens);
     const int     mode      = !moe ? ESCHA_CUDA_DENSE : direct ? ESCHA_CUDA_PER_SLOT : ESCHA_CUDA_GROUPED;
-    const int     family    = !use_mma ? ESCHA_CUDA_SIMT : per_group > 16 ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
+    const int64_t gemv_max  = moe ? ESCHA_CUDA_GEMV_MAX_ROWS_MOE : ESCHA_CUDA_GEMV_MAX_ROWS;
+    const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
+    const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > gemv_max ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
     return escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
 }

@@ -1,13 +1,17 @@
 // Escha-W2 ops for ggml-cuda and ggml-hip (escha-ggml).
 //
-// One linear (or one expert slot) runs in three kernels on the context's
+// One linear (or one expert slot) runs in three stages on the context's
 // stream, with no host synchronisation (CUDA graphs stay valid):
 //   1. escha_xh_kernel:  xh = f16(H128(x * rin_eff) * RS)      (per row),
-//                        and mid = 0
-//   2. mid += xh @ W, W decoded in registers and never stored; split over
-//      IC, summed with f32 atomics: escha_gemv_kernel up to 16 rows per
-//      weight (token generation), escha_mm_kernel above (prefill) and on
-//      the SIMT path
+//                        and mid = 0 where stage 2 sums atomically
+//   2. mid = xh @ W, by one of (escha-plan.h):
+//      - W decoded in registers and never stored; split over IC, summed
+//        with f32 atomics: escha_gemv_kernel up to 64 rows per weight
+//        (token generation, parallel sequences), escha_mm_kernel above
+//        (MoE prefill) and on the SIMT path;
+//      - large dense batches: W decoded once into f16 scratch from ggml's
+//        pool (escha_decode_kernel) and multiplied by cuBLAS / hipBLAS
+//        through ggml's handle, f16 x f16 with f32 accumulation
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
@@ -90,6 +94,44 @@ static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const 
     escha_launch(escha_gemv_kernel<K, NTW, NB>, per_sm, a, n_z, z_busy, nsm, stream);
 }
 
+// The dense BLAS path's threshold: ESCHA_CUDA_BLAS_MIN_ROWS, or
+// GGML_ESCHA_BLAS_MIN_ROWS (0 turns the path off), read once.
+static int64_t escha_blas_min_rows() {
+    static const int64_t v = [] {
+        const char * s = getenv("GGML_ESCHA_BLAS_MIN_ROWS");
+        return s ? (int64_t) atoll(s) : ESCHA_CUDA_BLAS_MIN_ROWS;
+    }();
+    return v;
+}
+
+// mid = xh @ W for a dense op (a.code, a.xh, a.mid, all a.n_rows rows):
+// W decoded into f16 scratch from the pool, one weight at a time and never
+// kept, then one f16 x f16 product with f32 accumulation on the vendor's
+// BLAS through ggml's handle (bound to the context's stream).
+static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K, const escha_mm_args & a, cudaStream_t stream) {
+    ggml_cuda_pool_alloc<half> w(ctx.pool(), (size_t) a.IC * a.OC);
+    escha_consts dc;
+    escha_consts_fill(dc);
+    // 8 tiles per warp: enough work per block to hide its start.
+    const int64_t blocks = ((int64_t) a.KT * a.NT + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS);
+    GGML_ASSERT(blocks < INT32_MAX && a.n_rows < INT32_MAX);
+    if (K == 2) {
+        escha_decode_kernel<2><<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
+    } else {
+        escha_decode_kernel<3><<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    // Column-major for BLAS: mid (OC x n_rows, ld OC) = w^T (w: IC x OC, ld IC) * xh (IC x n_rows, ld IC).
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasHandle_t handle = ctx.cublas_handle();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, a.OC, (int) a.n_rows, a.IC,
+                              &alpha, w.get(), CUDA_R_16F, a.IC,
+                                      a.xh, CUDA_R_16F, a.IC,
+                              &beta,  a.mid, CUDA_R_32F, a.OC,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+}
+
 // Runs the three stages of a parsed op by its plan (escha-plan.h).
 static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) {
     const int K  = op.k;
@@ -121,13 +163,6 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     v.s_out = (const float *) data(ESCHA_VEC_S_OUT); v.s_out_es = op.vec[ESCHA_VEC_S_OUT].es;
     v.bias  = (const float *) data(ESCHA_VEC_BIAS);  v.bias_es  = op.vec[ESCHA_VEC_BIAS].es;
 
-    ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
-    ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
-
-    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
-    escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-        rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_rows * OC / 4);
-
     const int id = ggml_cuda_get_device();
     const int cc = ggml_cuda_info().devices[id].cc;
     const int nsm = ggml_cuda_info().devices[id].nsm;
@@ -139,7 +174,17 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     static const bool force_simt = getenv("GGML_ESCHA_SIMT") != nullptr;
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
-    const escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma);
+    const escha_cuda_plan plan =
+        escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma, escha_blas_min_rows());
+
+    ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
+    ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
+
+    // The BLAS product overwrites mid (beta = 0); the others sum into it.
+    const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
+    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
+        rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
 
     escha_mm_args a = {};
     a.code     = (const uint32_t *) op.code->data;
@@ -174,6 +219,9 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     }
     const int64_t n_z = plan.n_z, z_busy = plan.z_busy;
 
+    if (plan.family == ESCHA_CUDA_BLAS) {
+        escha_decode_then_blas(ctx, K, a, stream);
+    } else {
 #ifdef GGML_USE_HIP
     if (K == 2) {
         escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
@@ -199,14 +247,27 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         } else {
             escha_launch_gemv<3, 4, 1>(a, n_z, z_busy, nsm, stream);
         }
-    } else {
+    } else if (plan.nb == 2) {
         if (K == 2) {
             escha_launch_gemv<2, 4, 2>(a, n_z, z_busy, nsm, stream);
         } else {
             escha_launch_gemv<3, 4, 2>(a, n_z, z_busy, nsm, stream);
         }
+    } else if (plan.nb == 4) {
+        if (K == 2) {
+            escha_launch_gemv<2, 4, 4>(a, n_z, z_busy, nsm, stream);
+        } else {
+            escha_launch_gemv<3, 4, 4>(a, n_z, z_busy, nsm, stream);
+        }
+    } else {
+        if (K == 2) {
+            escha_launch_gemv<2, 2, 8>(a, n_z, z_busy, nsm, stream);
+        } else {
+            escha_launch_gemv<3, 2, 8>(a, n_z, z_busy, nsm, stream);
+        }
     }
 #endif
+    }
 
     escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
         rows, v, mid.get(), (float *) op.dst->data, n_rows, OC);

@@ -16,6 +16,7 @@ use common::shim::{CudaShim, DecodeFn, LinearFn, MoeFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
+    fn escha_cuda_shim_decode_weight(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
     fn escha_cuda_shim_xh(ic: i64, x: *const f32, m: i64, rin: *const u16, s_in: *const f32, xh: *mut u16) -> i32;
     fn escha_cuda_shim_out(
         oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
@@ -35,6 +36,7 @@ extern "C" {
 const CUDA: CudaShim = CudaShim {
     name: "cuda",
     decode: escha_cuda_shim_decode as DecodeFn,
+        decode_weight: escha_cuda_shim_decode_weight as DecodeFn,
     xh: escha_cuda_shim_xh as XhFn,
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
@@ -45,6 +47,11 @@ const CUDA: CudaShim = CudaShim {
 #[test]
 fn decode_places_every_value_at_its_fragment_position() {
     CUDA.decode_places_every_value_at_its_fragment_position();
+}
+
+#[test]
+fn decode_weight_is_bit_exact() {
+    CUDA.decode_weight_is_bit_exact();
 }
 
 #[test]

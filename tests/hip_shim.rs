@@ -10,12 +10,13 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, MoeFn, OutFn, XhFn, GEMV, PREFILL, SIMT};
+use common::shim::{CudaShim, DecodeFn, LinearFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
 use escha_ggml::testutil::RandomLinear as Problem;
 
 extern "C" {
     fn escha_hip_shim_set_wave(lanes: i32) -> i32;
     fn escha_hip_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
+    fn escha_hip_shim_decode_weight(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
     fn escha_hip_shim_xh(ic: i64, x: *const f32, m: i64, rin: *const u16, s_in: *const f32, xh: *mut u16) -> i32;
     fn escha_hip_shim_out(
         oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
@@ -39,6 +40,7 @@ fn hip(lanes: i32) -> CudaShim {
     CudaShim {
         name: if lanes == 32 { "hip wave32" } else { "hip wave64" },
         decode: escha_hip_shim_decode as DecodeFn,
+        decode_weight: escha_hip_shim_decode_weight as DecodeFn,
         xh: escha_hip_shim_xh as XhFn,
         out: escha_hip_shim_out as OutFn,
         linear: escha_hip_shim_linear as LinearFn,
@@ -55,6 +57,11 @@ macro_rules! hip_tests {
             #[test]
             fn decode_places_every_value_at_its_fragment_position() {
                 hip($lanes).decode_places_every_value_at_its_fragment_position();
+            }
+
+            #[test]
+            fn decode_weight_is_bit_exact() {
+                hip($lanes).decode_weight_is_bit_exact();
             }
 
             #[test]
@@ -88,8 +95,9 @@ macro_rules! hip_tests {
 hip_tests!(wave32, 32);
 hip_tests!(wave64, 64);
 
-/// The HIP build has no mma kernels (escha.cu launches the SIMT one there),
-/// and wavefronts of 32 or 64 lanes only.
+/// The HIP build has no mma kernels (escha.cu launches the SIMT one there,
+/// or for large dense batches the decode-once kernel and hipBLAS), and
+/// wavefronts of 32 or 64 lanes only.
 #[test]
 fn only_the_simt_kernel_and_real_wave_widths() {
     assert_eq!(unsafe { escha_hip_shim_set_wave(16) }, -1);
@@ -106,4 +114,5 @@ fn only_the_simt_kernel_and_real_wave_widths() {
     assert_eq!(run(GEMV, &mut y), -1);
     assert_eq!(run(PREFILL, &mut y), -1);
     assert_eq!(run(SIMT, &mut y), 0);
+    assert_eq!(run(BLAS, &mut y), 0);
 }

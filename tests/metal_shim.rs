@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::shim::{check, check_decode, check_dense, check_moe, dense_problem, f16_ptr, opt, route, summarize, MoeData, Route, Stats};
+use common::shim::{check, check_decode, check_dense, check_moe, dense_problem, f16_ptr, opt, route, summarize, Layout, MoeData, Route, Stats};
 use common::{order_bound, Problem};
 use escha_ggml::testutil::Rng;
 use escha_ggml::cref;
@@ -103,7 +103,7 @@ fn dense_case(p: &Problem, m: usize, path: i32, seed: u64) -> Stats {
 
 #[test]
 fn decode_kernel_is_bit_exact() {
-    check_decode("metal decode", escha_metal_shim_decode);
+    check_decode("metal decode", escha_metal_shim_decode, Layout::InputMajor);
 }
 
 #[test]

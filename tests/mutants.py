@@ -119,6 +119,13 @@ CUDA_KERNEL = [
          "b[q] = __byte_perm(ua ^ (uint32_t) ((st[2 * q] & 255) == 90), "
          "ub ^ ((uint32_t) ((st[2 * q + 1] & 255) == 90) << 16), 0x7610);"),
     ], "cuda_shim", "codebook one f16 ulp off for 1/256 of the states ((s & 255) == 90)"),
+    M("cuda-decode-once-skip", "fast", CUH,
+      "i < n_tiles; i += warps) {", "i < n_tiles - 1; i += warps) {",
+      "cuda_shim", "the decode-once kernel (BLAS path) leaves a weight's last tile unwritten"),
+    Mutant("cuda-decode-once-rows", "fast", CUH, [
+        ("        lo[4] = b[1]; // k kq+8, kq+9\n", "        lo[4] = b[2];\n"),
+        ("        hi[0] = b[2]; // the same of output n + 8\n", "        hi[0] = b[1];\n"),
+    ], "cuda_shim", "the decode-once kernel swaps a lane's k+8 pair of output n with the k pair of output n+8"),
     M("cuda-xh-trunc", "fast", CUH,
       "xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));",
       "float t = __fmul_rn(u[q], ESCHA_RS_F); uint32_t tb; memcpy(&tb, &t, 4); tb &= ~0x1FFFu; memcpy(&t, &tb, 4);\n"

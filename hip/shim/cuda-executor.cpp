@@ -127,8 +127,40 @@ std::vector<T> nan_filled(size_t n) {
 
 // Kernel family of a path: 0 token generation (escha_gemv_kernel), 1
 // prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
-// runs it).
-const int k_family_of_path[3] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT };
+// runs it), 3 the weight decoded once (escha_decode_kernel) and multiplied
+// by BLAS (dense only).
+const int k_family_of_path[4] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS };
+
+// The decode-once stage: w[oc][ic] from one weight's code, on a grid of
+// `blocks` blocks (fewer than the tiles need: the warps loop).
+void decode_weight(int k, int64_t ic, int64_t oc, const uint32_t * code, half * w, unsigned blocks) {
+    escha_consts dc;
+    escha_consts_fill(dc);
+    const int KT = (int) (ic / 16), NT = (int) (oc / 16);
+    launch(dim3(blocks), ESCHA_THREADS, [&] {
+        if (k == 2) {
+            escha_decode_kernel<2>(code, w, KT, NT, dc);
+        } else {
+            escha_decode_kernel<3>(code, w, KT, NT, dc);
+        }
+    });
+}
+
+// cublasGemmEx(OP_T, OP_N, OC, n, IC, 1, w, IC, xh, IC, 0, mid, OC) with
+// f32 accumulation, as the BLAS path calls it: the f16 products are exact
+// in f32, and the sum runs in k order (BLAS's order is unspecified; the
+// tests allow for any).
+void blas_gemm_tn(const half * w, const half * xh, float * mid, int64_t n_rows, int IC, int OC) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        for (int c = 0; c < OC; c++) {
+            float s = 0.0f;
+            for (int i = 0; i < IC; i++) {
+                s += __half2float(w[(int64_t) c * IC + i]) * __half2float(xh[r * IC + i]);
+            }
+            mid[r * OC + c] = s;
+        }
+    }
+}
 
 // HIP: escha.cu launches the SIMT kernel only (there is no mma; the other
 // families would abort or run the SIMT body with rows it does not cover).
@@ -141,7 +173,10 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 #endif
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
-            kernel = p.nb == 1 ? escha_gemv_kernel<K, 4, 1> : escha_gemv_kernel<K, 4, 2>;
+            kernel = p.nb == 1   ? escha_gemv_kernel<K, 4, 1>
+                     : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
+                     : p.nb == 4 ? escha_gemv_kernel<K, 4, 4>
+                                 : escha_gemv_kernel<K, 2, 8>;
             return true;
         case ESCHA_CUDA_MMA: kernel = escha_mm_kernel<K, 2, 4, true>; return true;
         case ESCHA_CUDA_SIMT: kernel = escha_mm_kernel<K, 2, 1, false>; return true;
@@ -154,22 +189,35 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
            int64_t rows_per_group, int64_t n_expert, int ksplit, float * y) {
-    if (path < 0 || path > 2 || (path == 0 && rows_per_group > 16)) {
+    if (path < 0 || path > 3 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0)) {
         return -1;
     }
     const escha_cuda_plan plan =
         escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, n_expert, a.NT, ESCHA_WARPS);
     void (*kernel)(escha_mm_args) = nullptr;
-    if (!(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
+    const bool blas = plan.family == ESCHA_CUDA_BLAS;
+    if (!blas && !(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
         return -1;
     }
     const int IC = a.IC, OC = a.OC;
     auto xh  = nan_filled<half>((size_t) n_rows * IC);
     auto mid = nan_filled<float>((size_t) n_rows * OC);
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    // As escha.cu: mid is zeroed only where the multiply sums into it.
     launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), n_rows * OC / 4);
+        escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);
     });
+    if (blas) {
+        auto w = nan_filled<half>((size_t) IC * OC);
+        // ksplit stands for the grid size here: 1 block, or one per 8 tiles a warp.
+        const int64_t tiles = (int64_t) a.KT * a.NT;
+        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) ((tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS)) : 1);
+        blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
+        launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
+            escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
+        });
+        return 0;
+    }
     a.xh  = xh.data();
     a.mid = mid.data();
     a.n_x     = (int) plan.n_x;
@@ -239,6 +287,18 @@ int ESCHA_SHIM_FN(decode)(int k, int64_t ic, int64_t oc, const int16_t * code, u
             }
         }
     });
+    return 0;
+}
+
+// The decode-once stage alone (the BLAS path's escha_decode_kernel): w[oc][ic]
+// (f16 bits, each output channel's inputs contiguous) from the code of one
+// ic x oc weight, on as many blocks as escha.cu launches.
+int ESCHA_SHIM_FN(decode_weight)(int k, int64_t ic, int64_t oc, const int16_t * code, uint16_t * w) {
+    if (!shape_ok(k, ic, oc)) {
+        return -1;
+    }
+    const int64_t tiles = (ic / 16) * (oc / 16);
+    decode_weight(k, ic, oc, (const uint32_t *) code, (half *) w, (unsigned) ((tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS)));
     return 0;
 }
 

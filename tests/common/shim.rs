@@ -81,14 +81,24 @@ pub fn check_dense(what: &str, p: &Problem, x: &[f32], m: usize, got: &[f32]) ->
     check(what, got, &want, &bound, |i| (p.rout[i % oc] == f16::ZERO).then(|| p.bias.as_ref().map_or(0.0, |b| b[i % oc])))
 }
 
-/// A decode entry point (code -> W [ic][oc] as f16 bits, 0 on success)
-/// against `cref::reconstruct`, bit for bit, K = 2/3 on two shapes.
-pub fn check_decode(what: &str, decode: unsafe extern "C" fn(i32, i64, i64, *const i16, *mut u16) -> i32) {
+/// Which layout a decode entry point writes: [ic][oc] (`cref::reconstruct`'s) or [oc][ic].
+pub enum Layout {
+    InputMajor,
+    OutputMajor,
+}
+
+/// A decode entry point (code -> W as f16 bits in `layout`, 0 on success)
+/// against `cref::reconstruct`, bit for bit, K = 2/3 on two shapes; the
+/// output starts as NaN bits.
+pub fn check_decode(what: &str, decode: DecodeFn, layout: Layout) {
     for k in [2, 3] {
         for (ic, oc) in [(256, 384), (384, 256)] {
             let p = Problem::new(100 + k as u64, k, ic, oc, false, false);
-            let mut w = vec![0u16; ic * oc];
+            let mut w = vec![0xFFFFu16; ic * oc];
             assert_eq!(unsafe { decode(k as i32, ic as i64, oc as i64, p.code.as_ptr(), w.as_mut_ptr()) }, 0);
+            if let Layout::OutputMajor = layout {
+                w = (0..ic * oc).map(|i| w[(i % oc) * ic + i / oc]).collect();
+            }
             let want = cref::reconstruct(&p.code, LinearShape::new("t", k, ic, oc).unwrap());
             let bad = w.iter().zip(&want).filter(|(a, b)| **a != b.to_bits()).count();
             assert_eq!(bad, 0, "{what} K={k} {ic}x{oc}: {bad} decoded weights differ from the C reference");
@@ -261,6 +271,9 @@ pub const GEMV: i32 = 0;
 pub const PREFILL: i32 = 1;
 /// escha_mm_kernel without mma, as HIP and pre-Ampere GPUs run it
 pub const SIMT: i32 = 2;
+/// the weight decoded once (escha_decode_kernel), then a BLAS product
+/// (dense; CUDA and HIP alike)
+pub const BLAS: i32 = 3;
 
 /// The entry points of one build of the executor: as CUDA, or with
 /// GGML_USE_HIP (whose only multiply kernel is the SIMT one, so there every
@@ -268,6 +281,7 @@ pub const SIMT: i32 = 2;
 pub struct CudaShim {
     pub name: &'static str,
     pub decode: DecodeFn,
+    pub decode_weight: DecodeFn,
     pub xh: XhFn,
     pub out: OutFn,
     pub linear: LinearFn,
@@ -277,7 +291,7 @@ pub struct CudaShim {
 
 impl CudaShim {
     fn path(&self, path: i32) -> i32 {
-        if self.simt_only {
+        if self.simt_only && path != BLAS {
             SIMT
         } else {
             path
@@ -287,7 +301,14 @@ impl CudaShim {
     /// Every value a lane decodes, placed by the mma fragment layout the
     /// kernels assume, is the reference's weight at that position.
     pub fn decode_places_every_value_at_its_fragment_position(&self) {
-        check_decode(&format!("{} decode", self.name), self.decode);
+        check_decode(&format!("{} decode", self.name), self.decode, Layout::InputMajor);
+    }
+
+    /// The BLAS path's decode kernel writes every weight, bit for bit the
+    /// reference's, at w[oc][ic] (the transpose of `cref::reconstruct`'s
+    /// [ic][oc]); its scratch starts as NaN, so a tile it skips shows.
+    pub fn decode_weight_is_bit_exact(&self) {
+        check_decode(&format!("{} decode-once", self.name), self.decode_weight, Layout::OutputMajor);
     }
 
     pub fn input_transform_is_bit_exact(&self) {
@@ -377,9 +398,18 @@ impl CudaShim {
                 for (m, ksplit) in [(1, 1), (17, 1), (70, 1), (33, 4)] {
                     all.push(self.dense_case(&p, m, PREFILL, ksplit, 300 + m as u64));
                 }
+                // Parallel sequences: 32- and 64-row GEMV blocks, partial and split.
+                for (m, ksplit) in [(17, 1), (32, 2), (40, 1), (64, 3)] {
+                    all.push(self.dense_case(&p, m, GEMV, ksplit, 150 + m as u64));
+                }
                 // SIMT, 16 rows per block.
                 for (m, ksplit) in [(1, 1), (17, 1), (9, 5)] {
                     all.push(self.dense_case(&p, m, SIMT, ksplit, 400 + m as u64));
+                }
+                // Decoded once, then BLAS: one block looping over every tile, and
+                // the grid escha.cu launches (ksplit > 1).
+                for (m, ksplit) in [(1, 1), (33, 2), (70, 2)] {
+                    all.push(self.dense_case(&p, m, BLAS, ksplit, 600 + m as u64));
                 }
                 let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
                 all.push(self.dense_case(&p, 2, GEMV, 2, 502));

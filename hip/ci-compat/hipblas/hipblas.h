@@ -15,3 +15,8 @@ typedef enum { HIPBLAS_GEMM_DEFAULT } hipblasGemmAlgo_t;
 hipblasStatus_t hipblasCreate(hipblasHandle_t * handle);
 hipblasStatus_t hipblasDestroy(hipblasHandle_t handle);
 hipblasStatus_t hipblasSetStream(hipblasHandle_t handle, hipStream_t stream);
+// HIP before 6.5 takes the compute type as a hipblasDatatype_t (vendors/hip.h).
+hipblasStatus_t hipblasGemmEx(hipblasHandle_t handle, hipblasOperation_t transA, hipblasOperation_t transB, int m, int n, int k,
+                              const void * alpha, const void * A, hipblasDatatype_t aType, int lda, const void * B,
+                              hipblasDatatype_t bType, int ldb, const void * beta, void * C, hipblasDatatype_t cType, int ldc,
+                              hipblasDatatype_t computeType, hipblasGemmAlgo_t algo);
