@@ -14,7 +14,14 @@ change: the class picked for the checkpoint's architecture is extended so that
   Q8_0 with that scale in every 32-block, which is exact;
 - where upstream reorders DeltaNet V heads, coded tensors are reordered by
   whole 128-channel blocks (8 tiles) with their scale vectors, which is exact;
-- fused expert gate_up stays fused (ffn_gate_up_exps).
+- fused expert gate_up stays fused (ffn_gate_up_exps);
+- the MTP head is read from the main shards (`mtp.*`, as HF releases carry
+  it) or from the export's `mtp/` folder (config.json + *.safetensors, keys
+  `mtp.*`) and handed to upstream's class, which writes it as the nextn
+  block (its norms, names and `nextn_predict_layers` as upstream writes
+  them); upstream's `--no-mtp` drops it. A checkpoint without a head, or an
+  MoE head without routed experts (which llama.cpp's qwen35moe MTP block
+  needs), converts without one, and the output says so.
 Everything else (norms, A_log, conv1d, routers, embeddings in f16) takes
 upstream's path unchanged.
 
@@ -99,6 +106,54 @@ class EschaMixin:
         if kept is not None:
             EschaMixin._checkpoint_names[kept[0]] = item[0]
         return kept
+
+    def index_tensors(self, remote_hf_model_id=None):
+        tensors = super().index_tensors(remote_hf_model_id=remote_hf_model_id)
+        mtp_dir = Path(self.dir_model) / "mtp"
+        if remote_hf_model_id is None and mtp_dir.is_dir():
+            for part in sorted(mtp_dir.glob("*.safetensors")):
+                logger.info(f"escha: indexing the MTP folder's {part.name}")
+                with gguf.utility.SafetensorsLocal(part) as st:
+                    for name in st.keys():
+                        if not name.startswith("mtp."):
+                            raise EschaError(f"{part}: tensor {name} in the MTP folder is not an mtp.* tensor")
+                        gen = (lambda d=st[name]: LazyTorchTensor.from_local_tensor(d)) if self.lazy else \
+                            (lambda d=st[name]: LazyTorchTensor.to_eager(LazyTorchTensor.from_local_tensor(d)))
+                        if (kept := self.filter_tensors((name, gen))) is not None:
+                            if kept[0] in tensors:
+                                raise EschaError(f"{name} ({part}) is also in the main shards")
+                            tensors[kept[0]] = kept[1]
+        return self.keep_usable_mtp(tensors)
+
+    def keep_usable_mtp(self, tensors: dict) -> dict:
+        """Upstream counts the MTP layers from the tensors it indexed and
+        expects at least one; without a (usable) head, convert without one."""
+        cls = type(self)
+        if not getattr(cls, "supports_mtp_export", False) or cls.no_mtp:
+            return tensors
+        trunk = cls._original_block_count
+        head = [n for n in tensors if (b := self.block_of(n)) is not None and b >= trunk]
+        hp = {**self.hparams, **self.hparams.get("text_config", {})}
+        if not head:
+            logger.info(f"escha: {self.dir_model} has no MTP head (no mtp.* tensors, no mtp/ folder): the GGUF has none")
+        elif hp.get("num_experts") and not any(".mlp.experts." in n for n in head):
+            logger.warning(f"escha: the checkpoint's MTP head ({len(head)} tensors) has no routed experts, which "
+                           "llama.cpp's MoE MTP block needs: dropped, the GGUF has no MTP head")
+            for n in head:
+                del tensors[n]
+        else:
+            logger.info(f"escha: MTP head of {len(head)} tensors as block {trunk} (nextn)")
+            return tensors
+        cls.no_mtp = True  # read by upstream's __init__ next: no nextn block, block_count of the trunk
+        return tensors
+
+    @staticmethod
+    def block_of(name: str) -> int | None:
+        parts = name.split(".")
+        for i, p in enumerate(parts[:-1]):
+            if p == "layers" and parts[i + 1].isdecimal():
+                return int(parts[i + 1])
+        return None
 
     def checkpoint_name(self, name: str) -> str:
         """`name` as the checkpoint spells it (upstream drops e.g. `language_model.`)."""

@@ -7,7 +7,7 @@
 mod common;
 
 use common::cli::{escha, TempDir};
-use common::files::{f16_tensor, f32_tensor, write_gguf, write_safetensors, Src};
+use common::files::{f16_tensor, f32_tensor, write_gguf, write_gguf_with, write_safetensors, Src};
 use escha_ggml::cref;
 use escha_ggml::gguf::{GgmlType, GgufFile};
 use escha_ggml::hadamard::RS;
@@ -252,6 +252,123 @@ fn quantize_patterns_and_imatrix() {
     std::fs::write(d.file("bad.dat"), &im[..im.len() - 10]).unwrap();
     let o = escha(&["quantize", &input, &d.file("x.gguf"), "--imatrix", &d.file("bad.dat")]);
     assert!(o.code == 1 && o.stderr.contains("bad.dat") && o.stderr.contains("truncated"), "{}", o.stderr);
+}
+
+/// The MTP head stays as the export ships it: uncoded, in `mtp/`, unless a
+/// pattern naming it asks; `escha decode` puts it back in the main file
+/// (where HF releases and upstream's converter have it); a head in the
+/// export's own `mtp/` folder is read too, and a folder holding anything
+/// else is refused naming the file and the tensor.
+#[test]
+fn quantize_keeps_the_mtp_head_uncoded_in_its_folder() {
+    use escha_ggml::safetensors::read_header;
+    let d = TempDir::new("quantmtp");
+    let mut rng = Rng::new(23);
+    let h = |v: &[f32]| v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect::<Vec<u8>>();
+    let trunk = ("model.layers.0.self_attn.q_proj.weight", "F16", vec![256, 128], h(&random(&mut rng, 256 * 128, 0.02)));
+    let head = vec![
+        ("mtp.fc.weight", "F16", vec![128, 256], h(&random(&mut rng, 128 * 256, 0.02))),
+        ("mtp.layers.0.mlp.up_proj.weight", "F16", vec![256, 128], h(&random(&mut rng, 256 * 128, 0.02))),
+        ("mtp.norm.weight", "F16", vec![128], h(&random(&mut rng, 128, 0.1))),
+    ];
+    let cfg = r#"{"model_type": "qwen3_5_text", "hidden_size": 128}"#;
+    let names = |p: &std::path::Path| read_header(p).unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+    let bytes = |p: &std::path::Path, n: &str| read_header(p).unwrap().into_iter().find(|t| t.name == n).unwrap().read().unwrap();
+    let run = |args: &[&std::path::Path], extra: &[&str]| {
+        let mut a: Vec<&str> = vec!["quantize"];
+        a.extend(args.iter().map(|p| p.to_str().unwrap()));
+        a.extend(extra);
+        a.push("--no-progress");
+        escha(&a)
+    };
+
+    // The HF release layout: the head in the main file.
+    let input = d.0.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    write_safetensors(&input.join("model.safetensors"), &[vec![trunk.clone()], head.clone()].concat());
+    std::fs::write(input.join("config.json"), cfg).unwrap();
+    let out = d.0.join("out");
+    let o = run(&[&input, &out], &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let main = names(&out.join("model.safetensors"));
+    assert!(main.contains(&"model.layers.0.self_attn.q_proj.escha_code".to_string()), "{main:?}");
+    assert!(main.iter().all(|n| !n.starts_with("mtp.")), "the head left in the main file: {main:?}");
+    for (n, _, _, b) in &head {
+        assert_eq!(&bytes(&out.join("mtp/model.safetensors"), n), b, "{n}: copied byte for byte into mtp/");
+    }
+    assert_eq!(names(&out.join("mtp/model.safetensors")).len(), 3);
+    let mcfg: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("mtp/config.json")).unwrap()).unwrap();
+    assert_eq!(mcfg["mtp_num_hidden_layers"], 1);
+
+    // Coded when a pattern names the head (and only what it names).
+    let coded = d.0.join("coded");
+    let o = run(&[&input, &coded], &["--k2", "*layers.*_proj.weight", "--k2", "mtp.*_proj.weight"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let mtp = names(&coded.join("mtp/model.safetensors"));
+    assert!(mtp.contains(&"mtp.layers.0.mlp.up_proj.escha_code".to_string()) && mtp.contains(&"mtp.fc.weight".to_string()), "{mtp:?}");
+    assert!(names(&coded.join("model.safetensors")).contains(&"model.layers.0.self_attn.q_proj.escha_code".to_string()));
+
+    // escha decode: the head back in the main file, decoded where coded.
+    let plain = d.0.join("plain");
+    let o = escha(&["decode", coded.to_str().unwrap(), plain.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let main = names(&plain.join("model.safetensors"));
+    for n in ["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight", "mtp.norm.weight", "model.layers.0.self_attn.q_proj.weight"] {
+        assert!(main.contains(&n.to_string()), "{n} not in the decoded main file: {main:?}");
+    }
+    assert!(!plain.join("mtp").exists());
+
+    // The export's layout as input: its mtp/ folder and config are kept.
+    let export = d.0.join("export");
+    std::fs::create_dir_all(export.join("mtp")).unwrap();
+    write_safetensors(&export.join("model.safetensors"), &[trunk.clone()]);
+    write_safetensors(&export.join("mtp/model.safetensors"), &head);
+    std::fs::write(export.join("config.json"), cfg).unwrap();
+    std::fs::write(export.join("mtp/config.json"), "{\"mtp_num_hidden_layers\": 1, \"tag\": 7}").unwrap();
+    let out2 = d.0.join("out2");
+    let o = run(&[&export, &out2], &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(std::fs::read(out2.join("mtp/config.json")).unwrap(), std::fs::read(export.join("mtp/config.json")).unwrap());
+    assert_eq!(names(&out2.join("mtp/model.safetensors")).len(), 3);
+
+    // Bad input: a trunk tensor in the MTP folder, a tensor in both places.
+    write_safetensors(&export.join("mtp/model.safetensors"), &[head.clone(), vec![("model.layers.1.x.weight", "F16", vec![128], h(&[0.5; 128]))]].concat());
+    let o = run(&[&export, &d.0.join("out3")], &[]);
+    assert!(o.code == 1 && o.stderr.contains("model.layers.1.x.weight") && o.stderr.contains("mtp/model.safetensors"), "{}", o.stderr);
+    assert!(!d.0.join("out3").exists());
+    write_safetensors(&export.join("mtp/model.safetensors"), &head);
+    write_safetensors(&export.join("model.safetensors"), &[trunk.clone(), head[2].clone()]);
+    let o = run(&[&export, &d.0.join("out4")], &[]);
+    assert!(o.code == 1 && o.stderr.contains("mtp.norm.weight occurs twice"), "{}", o.stderr);
+    assert!(!d.0.join("out4").exists());
+}
+
+/// A GGUF's nextn blocks (the MTP head) are copied by the default mix and
+/// coded by a pattern that names them.
+#[test]
+fn quantize_copies_a_gguf_nextn_block() {
+    let d = TempDir::new("quantnextn");
+    let mut rng = Rng::new(29);
+    let a = random(&mut rng, 128 * 128, 0.02);
+    let b = random(&mut rng, 128 * 128, 0.02);
+    let input = d.file("in.gguf");
+    let keys = [("llama.block_count", 2), ("llama.nextn_predict_layers", 1)];
+    write_gguf_with(&input, &keys, &[f16_tensor("blk.0.attn_q.weight", &[128, 128], &a), f16_tensor("blk.1.attn_q.weight", &[128, 128], &b)]);
+    let out = d.file("out.gguf");
+    let o = escha(&["quantize", &input, &out, "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let f = GgufFile::open(&out).unwrap();
+    assert!(f.tensor("blk.0.attn_q.escha_code").is_some());
+    assert!(f.tensor("blk.1.attn_q.weight").is_some() && f.tensor("blk.1.attn_q.escha_code").is_none(), "the nextn block must stay uncoded");
+    let out = d.file("coded.gguf");
+    let o = escha(&["quantize", &input, &out, "--k2", "blk.*.attn_q.weight", "--k2", "blk.1.*", "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let f = GgufFile::open(&out).unwrap();
+    assert!(f.tensor("blk.0.attn_q.escha_code").is_some() && f.tensor("blk.1.attn_q.escha_code").is_some());
+    // A count beyond the blocks is bad input.
+    write_gguf_with(&input, &[("llama.block_count", 1), ("llama.nextn_predict_layers", 2)], &[f16_tensor("blk.0.attn_q.weight", &[128, 128], &a)]);
+    let o = escha(&["quantize", &input, &d.file("bad.gguf"), "--no-progress"]);
+    assert!(o.code == 1 && o.stderr.contains("nextn_predict_layers = 2 exceeds llama.block_count = 1"), "{}", o.stderr);
 }
 
 #[test]

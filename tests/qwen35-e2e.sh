@@ -23,7 +23,12 @@
 #      refused, and the
 #      biases only the escha op applies are applied unless escha.apply_bias is
 #      overridden to false;
-#   5. every rule of the GGUF contract broken once is refused by llama.cpp and
+#   5. the MTP head (tests/fixtures/tiny_qwen35.py dense-mtp): escha quantize
+#      moves it to mtp/ uncoded (coded when a pattern names it), the
+#      converter's nextn block equals upstream's, and greedy generation with
+#      llama.cpp's --spec-type draft-mtp is token for token the same as
+#      without it in llama-cli and llama-server (draft statistics printed);
+#   6. every rule of the GGUF contract broken once is refused by llama.cpp and
 #      escha decode naming the tensor (tests/contract-cases.sh), and a
 #      fixed-seed mutation guard (tests/fixtures/mutate.py): byte flips and
 #      truncations of the Escha GGUF and checkpoint never make escha panic or
@@ -78,20 +83,28 @@ described() {
     "$bin/llama-bench" -m "$1" -p 8 -n 0 -r 1 -t "$threads" -o json 2>/dev/null \
         | python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; print(d["model_type"] + "|" + str(d["model_n_params"]))'
 }
-convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" --no-mtp >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
+# Without --no-mtp: the converter keeps an MTP head if the checkpoint has a usable one.
+convert() { "$py" examples/convert_escha_hf_to_gguf.py "$@" >"$work/convert.log" 2>&1 || { tail -n 5 "$work/convert.log"; return 1; }; }
+# The coded checkpoint of KIND from tiny_qwen35.py in DIR (extra escha quantize
+# options after), kept only for the escha binary and fixture that made it, so
+# an encoder or writer change is always re-run.
+coded_checkpoint() { # KIND DIR [QUANTIZE OPTIONS]
+    local kind=$1 dir=$2 hf="$cache/$1-hf"; shift 2
+    local made="$(sha256sum $fixtures/tiny_qwen35.py | cut -d' ' -f1)"
+    local stamp="$(sha256sum "$escha" | cut -d' ' -f1) $made $*"
+    if [ ! -f "$dir/model.safetensors" ] || [ "$(cat "$dir/.made-by" 2>/dev/null)" != "$stamp" ]; then
+        log "$kind: random checkpoint, coded to Escha-W2 (cached in $dir for this escha binary)"
+        rm -rf "$dir"
+        [ -f "$hf/model.safetensors" ] && [ "$(cat "$hf/.made-by" 2>/dev/null)" = "$made" ] || {
+            rm -rf "$hf"; "$py" $fixtures/tiny_qwen35.py "$kind" "$tok" "$hf"; echo "$made" >"$hf/.made-by"; }
+        "$escha" quantize "$hf" "$dir" --threads "$threads" --no-progress "$@" | tail -n 2
+        echo "$stamp" >"$dir/.made-by"
+    fi
+}
 
 for kind in dense moe; do
-    hf="$cache/$kind-hf" plain="$cache/$kind-escha"
-    # The coded checkpoint is kept only for the escha binary that wrote it,
-    # so an encoder or writer change is always re-run.
-    stamp="$(sha256sum "$escha" | cut -d' ' -f1) $(sha256sum $fixtures/tiny_qwen35.py | cut -d' ' -f1)"
-    if [ ! -f "$plain/model.safetensors" ] || [ "$(cat "$plain/.made-by" 2>/dev/null)" != "$stamp" ]; then
-        log "$kind: random checkpoint, coded to Escha-W2 (cached in $plain for this escha binary)"
-        rm -rf "$hf" "$plain"
-        "$py" $fixtures/tiny_qwen35.py "$kind" "$tok" "$hf"
-        "$escha" quantize "$hf" "$plain" --threads "$threads" --no-progress | tail -n 2
-        echo "$stamp" >"$plain/.made-by"
-    fi
+    plain="$cache/$kind-escha"
+    coded_checkpoint $kind "$plain"
     # Remade every run: scales on every coded projection, the biases the
     # architecture owns ("arch": what the decoded twin can carry) and, for the
     # dense model, also those only the escha op applies ("all").
@@ -116,6 +129,9 @@ for kind in dense moe; do
     log "$kind: llama.cpp runs the Escha GGUF and matches its decoded twin"
     model="$work/$kind.gguf"
     convert "$coded" --outfile "$model" || fail "$kind: conversion"
+    # No head (dense), or the MoE export's head without routed experts: converted without one, and said.
+    want_note="has no MTP head"; [ $kind = moe ] && want_note="has no routed experts"
+    grep -F "$want_note" "$work/convert.log" || fail "$kind: the converter did not say \"$want_note\""
     if [ $kind = moe ]; then
         # llama.cpp quantizes activations to 8 bits in front of Q8_0 weights, so
         # with the int8 linears any rounding difference upstream flips some of
@@ -151,6 +167,98 @@ for kind in dense moe; do
         || fail "$kind: requantized model reports \"$rest_desc\" with $rest_params parameters"
     ppl -m "$work/$kind-rest-q4km.gguf" -f "$text" | grep -F "Final estimate" || fail "$kind: perplexity of the requantized model"
     rm -f "$work/$kind-rest-q4km.gguf"
+done
+
+log "dense-mtp: the MTP head through escha quantize, the converter and llama.cpp's draft-mtp"
+# tiny_qwen35.py dense-mtp: the head in the main file (as HF releases carry
+# it); escha quantize moves it to mtp/ (the export's layout), uncoded unless
+# a pattern names it: "plain" keeps it f16, "coded" codes its projections.
+coded_checkpoint dense-mtp "$cache/dense-mtp-escha"
+coded_checkpoint dense-mtp "$cache/dense-mtp-coded-escha" --k2 'mtp.*_proj.weight' --k2 'mtp.fc.weight' --k2 '*layers.*_proj.weight'
+"$py" - "$cache/dense-mtp-escha" "$cache/dense-mtp-coded-escha" <<'PY' || fail "dense-mtp: the quantized checkpoints' MTP head"
+import sys
+from safetensors import safe_open
+for d, want in zip(sys.argv[1:], (0, 8)):
+    main = list(safe_open(f"{d}/model.safetensors", "np").keys())
+    head = list(safe_open(f"{d}/mtp/model.safetensors", "np").keys())
+    assert not any(n.startswith("mtp.") for n in main), f"{d}: mtp.* tensors left in the main file"
+    assert all(n.startswith("mtp.") for n in head), f"{d}/mtp: {head}"
+    coded = sorted(n for n in head if n.endswith(".escha_code"))
+    assert len(coded) == want, f"{d}/mtp: {len(coded)} coded projections, expected {want}: {coded}"
+    print(f"{d}: MTP head in mtp/ ({len(head)} tensors, {len(coded)} coded)")
+PY
+# The server's greedy completion of a raw prompt: "content<TAB>drafted<TAB>accepted".
+serve() { # MODEL [SERVER OPTIONS]
+    local m=$1 port pid rc=0; shift
+    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$bin/llama-server" -m "$m" --host 127.0.0.1 --port "$port" -t "$threads" -np 1 "$@" >"$work/server.log" 2>&1 &
+    pid=$!
+    "$py" - "$port" <<'PY' || rc=$?
+import json, sys, time, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(240):
+    try:
+        if json.load(urllib.request.urlopen(base + "/health", timeout=2)).get("status") == "ok":
+            break
+    except Exception:
+        time.sleep(0.5)
+else:
+    sys.exit("llama-server did not become ready")
+req = {"prompt": "The three primary colours are", "n_predict": 40, "temperature": 0, "seed": 1, "cache_prompt": False}
+r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/completion", json.dumps(req).encode(),
+                                                            {"Content-Type": "application/json"}), timeout=300))
+t = r.get("timings", {})
+print(json.dumps(r["content"]) + "\t" + str(t.get("draft_n", 0)) + "\t" + str(t.get("draft_n_accepted", 0)))
+PY
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return $rc
+}
+# llama-cli's answer alone (between the echoed prompt and the timings line).
+answer() { sed -n '/^> /,/^\[ Prompt:/p' "$1" | grep -v '^\[ Prompt:'; }
+for v in plain coded; do
+    d="$cache/dense-mtp-escha"; [ $v = coded ] && d="$cache/dense-mtp-coded-escha"
+    log "dense-mtp ($v head): converter exactness, MTP tensors included"
+    "$escha" decode "$d" "$work/mtp-decoded-hf" >/dev/null
+    "$py" "$upstream/convert_hf_to_gguf.py" "$work/mtp-decoded-hf" --outfile "$work/mtp-upstream.gguf" --outtype f32 \
+        >"$work/upstream.log" 2>&1 || { tail -n 5 "$work/upstream.log"; fail "upstream converter (dense-mtp)"; }
+    convert "$d" --outfile "$work/mtp-f32.gguf" --outtype f32 || fail "dense-mtp $v: conversion"
+    grep -E "MTP head of [0-9]+ tensors as block 4" "$work/convert.log" || fail "dense-mtp $v: the converter did not keep the head"
+    "$escha" decode "$work/mtp-f32.gguf" "$work/mtp-f32-decoded.gguf" >/dev/null
+    "$py" $fixtures/gguf_same.py "$work/mtp-f32-decoded.gguf" "$work/mtp-upstream.gguf" || fail "dense-mtp $v: converted tensors differ from upstream's"
+    "$py" - "$work/mtp-upstream.gguf" <<'PY' || fail "dense-mtp $v: upstream's GGUF has no nextn block"
+import sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+n = int(r.fields["qwen35.nextn_predict_layers"].parts[-1][0])
+names = {t.name for t in r.tensors}
+assert n == 1 and "blk.4.nextn.eh_proj.weight" in names and "blk.4.attn_q.weight" in names, (n, sorted(x for x in names if x.startswith("blk.4.")))
+print(f"nextn_predict_layers = {n}; {sum(x.startswith('blk.4.') for x in names)} tensors in the nextn block 4")
+PY
+    rm -rf "$work/mtp-decoded-hf" "$work"/mtp-*.gguf
+
+    log "dense-mtp ($v head): greedy generation with --spec-type draft-mtp is the same as without"
+    model="$work/mtp-$v.gguf"
+    convert "$d" --outfile "$model" || fail "dense-mtp $v: conversion"
+    cli=("$bin/llama-cli" -m "$model" -p "The three primary colours are" -n 40 -st --temp 0 -t "$threads" --reasoning off)
+    "${cli[@]}" </dev/null >"$work/cli-plain.txt" 2>"$work/cli-plain.err" || fail "dense-mtp $v: llama-cli"
+    "${cli[@]}" --spec-type draft-mtp -lv 3 </dev/null >"$work/cli-mtp.txt" 2>"$work/cli-mtp.err" || fail "dense-mtp $v: llama-cli draft-mtp"
+    [ -n "$(answer "$work/cli-plain.txt")" ] || fail "dense-mtp $v: no answer from llama-cli"
+    diff <(answer "$work/cli-plain.txt") <(answer "$work/cli-mtp.txt") || fail "dense-mtp $v: llama-cli answers differ with draft-mtp"
+    stats=$(grep -o "draft acceptance = .*" "$work/cli-mtp.err" | tail -n 1 || true)
+    [ -n "$stats" ] || fail "dense-mtp $v: llama-cli printed no draft statistics"
+    echo "llama-cli: the same $(answer "$work/cli-plain.txt" | wc -w) words with and without draft-mtp; $stats"
+    plain_out=$(serve "$model") || fail "dense-mtp $v: llama-server"
+    mtp_out=$(serve "$model" --spec-type draft-mtp) || fail "dense-mtp $v: llama-server draft-mtp"
+    IFS=$'\t' read -r text_plain _ _ <<<"$plain_out"
+    IFS=$'\t' read -r text_mtp drafted accepted <<<"$mtp_out"
+    [ "$text_plain" = "$text_mtp" ] || fail "dense-mtp $v: llama-server completions differ with draft-mtp: $text_plain vs $text_mtp"
+    [ "${drafted:-0}" -gt 0 ] || fail "dense-mtp $v: llama-server drafted no token"
+    # The f16 head agrees with this trunk often: accepted drafts must occur,
+    # so that both the accepted and the rolled-back paths ran.
+    [ $v = coded ] || [ "${accepted:-0}" -gt 0 ] || fail "dense-mtp $v: no draft accepted"
+    echo "llama-server: the same completion with and without draft-mtp; drafted $drafted, accepted $accepted"
+    rm -f "$model"
 done
 
 log "converter refusals, naming the tensor"

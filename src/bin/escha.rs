@@ -49,7 +49,9 @@ usage:
       names (* and ?), repeatable; giving any --k2/--k3 replaces the default mix
       (--k3 'blk.*.ffn_up*.weight' --k3 'blk.*.ffn_down*.weight' --k2 'blk.*.attn_*.weight'
        --k2 'blk.*.ffn_*.weight' --k2 'blk.*.ssm_out.weight'); routers (*.ffn_gate_inp*)
-      are never coded. --imatrix: a llama-imatrix file (GGUF or legacy .dat).
+      are never coded. The MTP head (HF mtp.*, written to OUT_DIR/mtp/; a GGUF's nextn
+      blocks) is coded only by a pattern starting with its prefix ('mtp.*_proj.weight',
+      'blk.64.*'). --imatrix: a llama-imatrix file (GGUF or legacy .dat).
       e.g. escha quantize model-f16.gguf model-escha.gguf --imatrix imatrix.gguf
 
   escha decode IN.gguf OUT.gguf
@@ -57,7 +59,8 @@ usage:
       The reverse for checking: every coded weight of an Escha GGUF becomes
       <stem>.weight F32 holding its decoded effective weight. Given an Escha HF
       checkpoint directory, write a plain one (coded linears and int8 rows as
-      F32 P.weight, no quantization_config) that any converter can read.
+      F32 P.weight, no quantization_config; an mtp/ folder's MTP head joins the
+      main file) that any converter can read.
 
   escha help | --help
       This text.

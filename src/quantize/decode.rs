@@ -7,7 +7,7 @@ use crate::contract::{self, CodedGguf};
 use crate::encode::effective_weight;
 use crate::gguf::{GgmlType, GgufFile, GgufWriter};
 use crate::output::Output;
-use crate::safetensors::{read_header, StTensor, StWriter};
+use crate::safetensors::{StTensor, StWriter};
 use crate::validate::{finite, validate_leaves, CodedLeaves, LinearShape};
 use anyhow::{bail, Context};
 use half::f16;
@@ -129,14 +129,17 @@ impl Coded<'_> {
 /// An Escha HF checkpoint directory (§7) to a plain one: each coded linear
 /// `P` becomes `P.weight` F32 `[E?, OC, IC]` holding its effective weight,
 /// each int8 pair `P.weight_int8` + `P.weight_scale` becomes `P.weight` F32
-/// (row times scale), and `quantization_config` is dropped. Any converter
-/// can then read it: the reference for checking an Escha converter.
+/// (row times scale), and `quantization_config` is dropped; an MTP head in
+/// the export's `mtp/` folder joins the main file, as HF releases keep it.
+/// Any converter can then read it: the reference for checking an Escha
+/// converter.
 /// Returns the number of tensors decoded (coded linears and int8 pairs).
 ///
 /// # Errors
 /// Fails when the output is refused ([`Output::dir`]); when `input` has no
 /// readable JSON `config.json` or its `quant_method` is not `escha` or
-/// `eschamoe`; when a safetensors header is bad ([`read_header`]); when a
+/// `eschamoe`; when a safetensors header is bad or the `mtp/` folder holds
+/// a tensor not named `mtp.*` ([`super::hf::checkpoint_tensors`]); when a
 /// coded linear breaks the leaf contract ([`validate_leaves`]) or also has
 /// `.weight`; when an escha leaf, `weight_int8` or `weight_scale` stands
 /// without its partner or an int8 pair is malformed; when a vector is not
@@ -150,12 +153,9 @@ pub fn decode_hf(input: &Path, output: &Path) -> anyhow::Result<usize> {
     if config.pointer("/quantization_config/quant_method").and_then(Value::as_str).is_none_or(|m| m != "escha" && m != "eschamoe") {
         bail!("{} is not an Escha checkpoint (quantization_config.quant_method is not escha or eschamoe)", input.display());
     }
-    let mut files: Vec<_> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    files.sort();
-    let mut tensors = Vec::new();
-    for f in files.iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")) {
-        tensors.extend(read_header(f)?);
-    }
+    // The MTP head of the export's mtp/ folder joins the main file, where
+    // HF releases (and so upstream's converter) keep it.
+    let (files, tensors) = super::hf::checkpoint_tensors(input)?;
     let by_name: HashMap<&str, &StTensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let get = |name: &str| by_name.get(name).copied();
     // Every coded prefix checked against the leaf contract (§7) first.

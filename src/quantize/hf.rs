@@ -5,6 +5,12 @@
 //! `P.escha_code` I16 `[E?, IC/16, OC/16, 16K]`, `P.escha_rin` /
 //! `P.escha_rout` F16 and `P.escha_config` I32; everything else is copied,
 //! and `config.json` gains `quantization_config`.
+//!
+//! The MTP head (`mtp.*` tensors, in the main shards as HF releases carry
+//! it or in an `mtp/` folder as the Escha export ships it) is read from
+//! either place and written to `mtp/model.safetensors` with its own
+//! `mtp/config.json`, the export's layout; it stays uncoded unless a
+//! pattern names it ([`plan`]).
 
 use super::plan::{self, Action};
 use super::progress::Progress;
@@ -22,6 +28,53 @@ fn ggml_ne(shape: &[usize]) -> [i64; 4] {
         ne[d] = n as i64;
     }
     ne
+}
+
+/// The folder of an Escha export's MTP head, and the prefix of its tensors.
+pub(crate) const MTP_DIR: &str = "mtp";
+pub(crate) const MTP_PREFIX: &str = "mtp.";
+
+/// The `*.safetensors` files of a checkpoint directory (sorted), its other
+/// files, and every tensor: those of the main files, then those of its
+/// `mtp/` folder, whose tensors must all be `mtp.*`.
+///
+/// # Errors
+/// Fails when a directory cannot be read or a header is bad
+/// ([`read_header`]), when the `mtp/` folder holds a tensor not named
+/// `mtp.*`, or when a tensor name occurs twice.
+pub(crate) fn checkpoint_tensors(input: &Path) -> anyhow::Result<(Vec<std::path::PathBuf>, Vec<StTensor>)> {
+    let listing = |dir: &Path| -> anyhow::Result<Vec<std::path::PathBuf>> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("{}: cannot list the directory", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let is_st = |p: &&std::path::PathBuf| p.extension().is_some_and(|e| e == "safetensors");
+    let files = listing(input)?;
+    let mut tensors = Vec::new();
+    for f in files.iter().filter(is_st) {
+        tensors.extend(read_header(f)?);
+    }
+    let mtp = input.join(MTP_DIR);
+    if mtp.is_dir() {
+        for f in listing(&mtp)?.iter().filter(is_st) {
+            for t in read_header(f)? {
+                if !t.name.starts_with(MTP_PREFIX) {
+                    bail!("{}: tensor {} in the MTP folder is not an {MTP_PREFIX}* tensor", f.display(), t.name);
+                }
+                tensors.push(t);
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in &tensors {
+        if !seen.insert(t.name.as_str()) {
+            bail!("tensor {} occurs twice in {} (main shards and MTP folder?)", t.name, input.display());
+        }
+    }
+    Ok((files, tensors))
 }
 
 /// Quantizes the checkpoint in `input` into the new directory `output`.
@@ -43,12 +96,7 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
     if let Some(m) = config.pointer("/quantization_config/quant_method").and_then(Value::as_str) {
         bail!("{} is already quantized (quant_method {m})", input.display());
     }
-    let mut files: Vec<_> = std::fs::read_dir(input)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    files.sort();
-    let mut tensors: Vec<StTensor> = Vec::new();
-    for f in files.iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")) {
-        tensors.extend(read_header(f)?);
-    }
+    let (files, tensors) = checkpoint_tensors(input)?;
     if tensors.is_empty() {
         bail!("{}: no *.safetensors files", input.display());
     }
@@ -74,9 +122,15 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
     }
     require_codes(&actions, input)?;
 
-    let mut w = StWriter::default();
-    w.metadata("format", "pt");
+    // Two output files: the trunk, and the MTP head in mtp/ (when there is one).
+    let is_mtp = |t: &StTensor| t.name.starts_with(MTP_PREFIX);
+    let n_mtp = tensors.iter().filter(|t| is_mtp(t)).count();
+    let mut w = [StWriter::default(), StWriter::default()];
+    for w in &mut w {
+        w.metadata("format", "pt");
+    }
     for (t, a) in tensors.iter().zip(&actions) {
+        let w = &mut w[is_mtp(t) as usize];
         match *a {
             Action::Code { k, ic, oc, experts } => {
                 let p = plan::stem(&t.name);
@@ -93,9 +147,15 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
     let partial = out_dir.path();
     let progress = Progress::start(total_tiles(&actions), opts.show_progress);
     let result = (|| -> anyhow::Result<()> {
-        let mut out = w.create(&partial.join("model.safetensors"))?;
+        let [main, head] = w;
+        let mut outs = vec![main.create(&partial.join("model.safetensors"))?];
+        if n_mtp > 0 {
+            std::fs::create_dir(partial.join(MTP_DIR))?;
+            outs.push(head.create(&partial.join(MTP_DIR).join("model.safetensors"))?);
+        }
         let mut moe = false;
         for (t, a) in tensors.iter().zip(&actions) {
+            let out = &mut outs[is_mtp(t) as usize];
             let Action::Code { k, ic, oc, experts } = *a else {
                 out.write(&t.name, &t.read()?)?;
                 report.copied += 1;
@@ -115,7 +175,12 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
             out.write(&format!("{p}.escha_rout"), as_bytes(&c.rout))?;
             out.write(&format!("{p}.escha_config"), as_bytes(&config))?;
         }
-        out.finish()?;
+        for out in outs {
+            out.finish()?;
+        }
+        if n_mtp > 0 {
+            write_mtp_config(input, partial, &tensors)?;
+        }
         config["quantization_config"] = json!({
             "quant_method": if moe { "eschamoe" } else { "escha" },
             "format_version": "2.0",
@@ -130,6 +195,24 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
     report.out_bytes = std::fs::metadata(output.join("model.safetensors"))?.len();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// `mtp/config.json` of the output: the input's own, or one giving the
+/// number of MTP layers (`mtp.layers.N.*`).
+fn write_mtp_config(input: &Path, out: &Path, tensors: &[StTensor]) -> anyhow::Result<()> {
+    let dst = out.join(MTP_DIR).join("config.json");
+    let src = input.join(MTP_DIR).join("config.json");
+    if src.is_file() {
+        std::fs::copy(&src, &dst)?;
+        return Ok(());
+    }
+    let layers = tensors
+        .iter()
+        .filter_map(|t| t.name.strip_prefix("mtp.layers.")?.split('.').next()?.parse::<usize>().ok())
+        .max()
+        .map_or(0, |n| n + 1);
+    std::fs::write(dst, serde_json::to_vec_pretty(&json!({ "mtp_num_hidden_layers": layers }))?)?;
+    Ok(())
 }
 
 /// Copies a checkpoint's side files (tokenizer, generation config, ...):

@@ -180,6 +180,21 @@ fn as_bytes<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
 
+/// `rules` with the GGUF's nextn (MTP) blocks as towers: the last
+/// `<arch>.nextn_predict_layers` of `<arch>.block_count` blocks.
+fn with_nextn_towers(src: &GgufFile, rules: &plan::Rules) -> anyhow::Result<plan::Rules> {
+    let Some(arch) = src.get_str("general.architecture")? else { return Ok(rules.clone()) };
+    let nextn = src.get_u32(&format!("{arch}.nextn_predict_layers"))?.unwrap_or(0);
+    if nextn == 0 {
+        return Ok(rules.clone());
+    }
+    let blocks = src.get_u32(&format!("{arch}.block_count"))?.unwrap_or(0);
+    if nextn > blocks {
+        bail!("{arch}.nextn_predict_layers = {nextn} exceeds {arch}.block_count = {blocks}");
+    }
+    Ok(rules.clone().with_gguf_towers(blocks - nextn, nextn))
+}
+
 /// A plan must code something; otherwise the rules or the file are wrong.
 fn require_codes(actions: &[Action], input: &Path) -> anyhow::Result<()> {
     if !actions.iter().any(|a| matches!(a, Action::Code { .. })) {
@@ -212,9 +227,10 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
     }
     // Plan everything first: bad input fails before hours of encoding.
     let mut report = Report { in_bytes: std::fs::metadata(input)?.len(), ..Report::default() };
+    let rules = with_nextn_towers(&src, &opts.rules)?;
     let mut actions = Vec::new();
     for t in src.tensors() {
-        let a = plan::action(&opts.rules, &t.name, &t.ne, t.n_dims());
+        let a = plan::action(&rules, &t.name, &t.ne, t.n_dims());
         if let Action::Code { .. } = a {
             if !gguf::can_convert(t.ty) {
                 bail!("tensor {}: type {} cannot be converted to f32, so it cannot be coded (exclude it with --exclude)", t.name, t.type_name());

@@ -7,6 +7,12 @@
 //! exclude pattern is copied; else the first matching `--k3` pattern gives
 //! K=3, else a matching `--k2` pattern K=2, else it is copied. A matched
 //! candidate whose dims are not multiples of 128 is copied and reported.
+//!
+//! Towers (the MTP head: HF `mtp.*`, a GGUF's nextn blocks) are shipped
+//! uncoded by the export: a tensor under a tower's name prefix is coded
+//! only by a `--k2`/`--k3` pattern that itself starts with that prefix
+//! (`--k2 'mtp.*_proj.weight'`, `--k2 'blk.64.*'`), never by the default
+//! mix or a pattern for the trunk.
 
 /// K=3 by default: the up and down projections, as in the published 27B
 /// export (the rest is K=2).
@@ -20,8 +26,10 @@ pub const DEFAULT_EXCLUDE: &[&str] = &["*.ffn_gate_inp*"];
 /// fused experts `mlp.experts.gate_up_proj` / `down_proj` as `[E, OC, IC]`).
 pub const HF_K3: &[&str] = &["*layers.*.up_proj.weight", "*layers.*.down_proj.weight", "*layers.*.experts.down_proj", "*layers.*.experts.up_proj"];
 pub const HF_K2: &[&str] = &["*layers.*_proj.weight", "*layers.*.in_proj_*.weight", "*layers.*.experts.gate_up_proj", "*layers.*.experts.gate_proj"];
-/// Routers, gates, vision and MTP towers are not coded.
-pub const HF_EXCLUDE: &[&str] = &["*.mlp.gate.weight", "*shared_expert_gate*", "*visual*", "mtp.*"];
+/// Routers, gates and vision towers are not coded.
+pub const HF_EXCLUDE: &[&str] = &["*.mlp.gate.weight", "*shared_expert_gate*", "*visual*"];
+/// The MTP head of an HF checkpoint (in its main shards or its `mtp/` folder).
+pub const HF_MTP_TOWER: &str = "mtp.";
 
 /// `*` / `?` glob match.
 pub fn glob(pattern: &str, name: &str) -> bool {
@@ -52,12 +60,14 @@ pub struct Rules {
     pub k3: Vec<String>,
     pub k2: Vec<String>,
     pub exclude: Vec<String>,
+    /// Name prefixes of towers: coded only by patterns starting with the prefix.
+    pub towers: Vec<String>,
 }
 
 impl Default for Rules {
     fn default() -> Self {
         let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        Self { k3: own(DEFAULT_K3), k2: own(DEFAULT_K2), exclude: own(DEFAULT_EXCLUDE) }
+        Self { k3: own(DEFAULT_K3), k2: own(DEFAULT_K2), exclude: own(DEFAULT_EXCLUDE), towers: Vec::new() }
     }
 }
 
@@ -65,7 +75,14 @@ impl Rules {
     /// The default mix for HF checkpoint names.
     pub fn hf() -> Self {
         let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        Self { k3: own(HF_K3), k2: own(HF_K2), exclude: own(HF_EXCLUDE) }
+        Self { k3: own(HF_K3), k2: own(HF_K2), exclude: own(HF_EXCLUDE), towers: vec![HF_MTP_TOWER.to_string()] }
+    }
+
+    /// The GGUF blocks `first..first + n` as towers (a GGUF's nextn layers:
+    /// `blk.N.` for N from `block_count - nextn_predict_layers`).
+    pub fn with_gguf_towers(mut self, first: u32, n: u32) -> Self {
+        self.towers.extend((first..first + n).map(|b| format!("blk.{b}.")));
+        self
     }
 
     /// User patterns replace the default K lists of `base` (given either
@@ -82,11 +99,14 @@ impl Rules {
 
     /// K for a tensor name, or None when no rule codes it.
     pub fn k_for(&self, name: &str) -> Option<usize> {
+        let tower = self.towers.iter().find(|t| name.starts_with(t.as_str()));
+        // Under a tower, only a pattern naming the tower counts.
+        let codes = |p: &String| tower.is_none_or(|t| p.starts_with(t.as_str())) && glob(p, name);
         if self.exclude.iter().any(|p| glob(p, name)) {
             None
-        } else if self.k3.iter().any(|p| glob(p, name)) {
+        } else if self.k3.iter().any(codes) {
             Some(3)
-        } else if self.k2.iter().any(|p| glob(p, name)) {
+        } else if self.k2.iter().any(codes) {
             Some(2)
         } else {
             None
@@ -171,5 +191,30 @@ mod tests {
         assert_eq!(all2.k_for("blk.0.ffn_up.weight"), Some(2));
         assert_eq!(all2.k_for("blk.1.ffn_up.weight"), None);
         assert_eq!(all2.k_for("blk.0.ffn_gate_inp.weight"), None);
+    }
+
+    #[test]
+    fn towers_only_by_patterns_that_name_them() {
+        // The MTP head is uncoded by default, though the default K patterns match its names.
+        let h = Rules::hf();
+        assert!(glob(HF_K2[0], "mtp.layers.0.self_attn.q_proj.weight"), "the default K=2 pattern matches the MTP names");
+        assert_eq!(h.k_for("mtp.layers.0.self_attn.q_proj.weight"), None);
+        assert_eq!(h.k_for("mtp.layers.0.mlp.up_proj.weight"), None);
+        assert_eq!(h.k_for("mtp.fc.weight"), None);
+        // A trunk pattern does not reach it; one starting with the tower's prefix does.
+        let trunk = Rules::with_args(Rules::hf(), vec!["*_proj.weight".into()], vec![], vec![]);
+        assert_eq!(trunk.k_for("model.layers.1.mlp.up_proj.weight"), Some(2));
+        assert_eq!(trunk.k_for("mtp.layers.0.mlp.up_proj.weight"), None);
+        let mtp = Rules::with_args(Rules::hf(), vec!["mtp.*_proj.weight".into(), "*layers.*_proj.weight".into()], vec![], vec![]);
+        assert_eq!(mtp.k_for("mtp.layers.0.mlp.up_proj.weight"), Some(2));
+        assert_eq!(mtp.k_for("mtp.fc.weight"), None);
+        assert_eq!(mtp.k_for("model.layers.1.mlp.up_proj.weight"), Some(2));
+        // A GGUF's nextn block (blk.4 of 5 with one nextn layer), and blk.40 is not blk.4.
+        let g = Rules::default().with_gguf_towers(4, 1);
+        assert_eq!(g.k_for("blk.4.attn_q.weight"), None);
+        assert_eq!(g.k_for("blk.40.attn_q.weight"), Some(2));
+        assert_eq!(g.k_for("blk.3.ffn_up.weight"), Some(3));
+        let g = Rules::with_args(Rules::default(), vec!["blk.4.*".into()], vec![], vec![]).with_gguf_towers(4, 1);
+        assert_eq!(g.k_for("blk.4.attn_q.weight"), Some(2));
     }
 }

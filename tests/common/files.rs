@@ -22,10 +22,17 @@ pub fn f32_tensor(name: &'static str, ne: &[i64], v: &[f32]) -> Src {
 }
 
 pub fn write_gguf(path: &str, tensors: &[Src]) {
+    write_gguf_with(path, &[("llama.block_count", 1)], tensors)
+}
+
+/// A `llama` GGUF with these u32 keys.
+pub fn write_gguf_with(path: &str, keys: &[(&str, u32)], tensors: &[Src]) {
     let mut w = GgufWriter::new();
     w.set_str("general.architecture", "llama");
     w.set_str("general.name", "escha-quantize-test");
-    w.set_u32("llama.block_count", 1);
+    for (k, v) in keys {
+        w.set_u32(k, *v);
+    }
     for t in tensors {
         w.add_tensor(t.name, t.ty, &t.ne).unwrap();
     }
