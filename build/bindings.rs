@@ -28,3 +28,20 @@ pub fn generate(tree: &Path) {
         .unwrap_or_else(|e| fail(&format!("bindgen on ggml.h failed: {e} (is libclang installed?)")));
     b.write_to_file(out_dir().join("ggml_sys.rs")).unwrap();
 }
+
+/// Raw bindings to `llama.h` (feature `llama`): its functions and types,
+/// for the safe model API ([`escha_ggml::llama`]).
+#[cfg(feature = "llama")]
+pub fn generate_llama(tree: &Path) {
+    let b = bindgen::Builder::default()
+        .header(tree.join("include/llama.h").display().to_string())
+        .clang_arg(format!("-I{}", tree.join("ggml/include").display()))
+        .allowlist_function("llama_.*")
+        .allowlist_type("llama_.*")
+        .allowlist_var("LLAMA_.*")
+        .allowlist_type("ggml_log_(level|callback)")
+        .layout_tests(false)
+        .generate()
+        .unwrap_or_else(|e| fail(&format!("bindgen on llama.h failed: {e} (is libclang installed?)")));
+    b.write_to_file(out_dir().join("llama_sys.rs")).unwrap();
+}

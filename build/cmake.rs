@@ -58,6 +58,9 @@ pub fn build(tree: &Path, staticlib: &Path) -> PathBuf {
         }
     }
     let mut targets = vec!["ggml", "test-backend-ops"];
+    if cfg!(feature = "llama") {
+        targets.push("llama");
+    }
     if tools {
         targets.extend(TOOLS);
     }
@@ -90,6 +93,9 @@ pub fn link(build: &Path) {
     println!("cargo:rustc-link-search=native={}", bin.display());
     for lib in ["ggml", "ggml-base", "ggml-cpu"] {
         println!("cargo:rustc-link-lib=dylib={lib}");
+    }
+    if cfg!(feature = "llama") {
+        println!("cargo:rustc-link-lib=dylib=llama");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", bin.display());
     println!("cargo:rustc-env=ESCHA_GGML_BIN_DIR={}", bin.display());

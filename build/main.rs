@@ -48,6 +48,8 @@ fn main() {
         let build_dir = cmake::build(&tree, &staticlib);
         cmake::link(&build_dir);
         bindings::generate(&tree);
+        #[cfg(feature = "llama")]
+        bindings::generate_llama(&tree);
     }
 }
 

@@ -34,6 +34,8 @@ pub mod format;
 pub mod ggml;
 #[cfg(feature = "ggml")]
 pub mod gguf;
+#[cfg(feature = "llama")]
+pub mod llama;
 #[cfg(feature = "ggml")]
 pub mod quantize;
 #[cfg(feature = "ggml")]

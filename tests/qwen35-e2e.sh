@@ -11,7 +11,9 @@
 #      biases on the DeltaNet, FFN and attention projections
 #      (tests/fixtures/add_scales.py);
 #   2. llama.cpp runs the Escha GGUF (llama-cli, llama-perplexity), and its
-#      logits match the decoded-weight twin (KLD < 1e-4, same top token), with
+#      logits match the decoded-weight twin (KLD < 1e-4, same top token); the
+#      Rust model API (tests/llama_api.rs, examples/generate.rs) gives
+#      llama-server's greedy text, the twin's logits, typed errors; with
 #      the scales and the biases the architecture owns (attention q/k/v);
 #      llama-bench reports the twin's parameter count and an Escha-W2 type;
 #      llama-quantize keeps every escha tensor and requantizes the rest;
@@ -102,6 +104,35 @@ coded_checkpoint() { # KIND DIR [QUANTIZE OPTIONS]
     fi
 }
 
+# The server's greedy completion of a raw prompt: "content<TAB>drafted<TAB>accepted".
+serve() { # MODEL [SERVER OPTIONS]
+    local m=$1 port pid rc=0; shift
+    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$bin/llama-server" -m "$m" --host 127.0.0.1 --port "$port" -t "$threads" -np 1 "$@" >"$work/server.log" 2>&1 &
+    pid=$!
+    "$py" - "$port" <<'PY' || rc=$?
+import json, sys, time, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(240):
+    try:
+        if json.load(urllib.request.urlopen(base + "/health", timeout=2)).get("status") == "ok":
+            break
+    except Exception:
+        time.sleep(0.5)
+else:
+    sys.exit("llama-server did not become ready")
+req = {"prompt": "The three primary colours are", "n_predict": 40, "temperature": 0, "seed": 1, "cache_prompt": False}
+r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/completion", json.dumps(req).encode(),
+                                                            {"Content-Type": "application/json"}), timeout=300))
+t = r.get("timings", {})
+print(json.dumps(r["content"]) + "\t" + str(t.get("draft_n", 0)) + "\t" + str(t.get("draft_n_accepted", 0)))
+PY
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return $rc
+}
+# llama-cli's answer alone (between the echoed prompt and the timings line).
+answer() { sed -n '/^> /,/^\[ Prompt:/p' "$1" | grep -v '^\[ Prompt:'; }
 for kind in dense moe; do
     plain="$cache/$kind-escha"
     coded_checkpoint $kind "$plain"
@@ -158,6 +189,23 @@ for kind in dense moe; do
     below "$self" 1e-5 && below "$coded_kld" 1e-4 || fail "$kind: KLD self $self (want < 1e-5), escha $coded_kld (want < 1e-4)"
     below 99 "$top" || fail "$kind: same top token only $top %"
 
+    if [ $kind = dense ]; then
+        log "dense: the Rust model API (escha_ggml::llama) on this model"
+        cargo build --release --features tools --example generate --example gguf_edit 2>&1 | tail -n 1
+        ours=$(target/release/examples/generate "$model" "The three primary colours are" -n 40 -t "$threads" 2>"$work/generate.log") \
+            || { cat "$work/generate.log"; fail "dense: examples/generate"; }
+        server=$(serve "$model") || fail "dense: llama-server"
+        IFS=$'\t' read -r server_text _ _ <<<"$server"
+        ours_text=$("$py" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$ours")
+        [ "$ours_text" = "$server_text" ] || fail "dense: greedy text of the Rust API $ours_text, llama-server's $server_text"
+        echo "examples/generate: the greedy text of llama-server's /completion ($(tail -n 1 "$work/generate.log"))"
+        target/release/examples/gguf_edit "$model" "$work/bad-rin.gguf" --drop blk.0.ffn_up.escha_rin >/dev/null
+        ESCHA_LLAMA_TEST_MODEL="$model" ESCHA_LLAMA_TEST_TWIN="$work/$kind-decoded.gguf" ESCHA_LLAMA_BAD_MODEL="$work/bad-rin.gguf" \
+            cargo test --release --features tools --test llama_api -- --ignored --nocapture 2>&1 | grep -E "^test |test result|positions|refused|panicked" \
+            || fail "dense: tests/llama_api.rs"
+        rm -f "$work/bad-rin.gguf"
+    fi
+
     log "$kind: llama-quantize on the Escha GGUF keeps the codes and quantizes the rest"
     "$bin/llama-quantize" "$model" "$work/$kind-rest-q4km.gguf" Q4_K_M "$threads" >"$work/quantize.log" 2>&1 \
         || { tail -n 5 "$work/quantize.log"; fail "$kind: llama-quantize"; }
@@ -187,35 +235,6 @@ for d, want in zip(sys.argv[1:], (0, 8)):
     assert len(coded) == want, f"{d}/mtp: {len(coded)} coded projections, expected {want}: {coded}"
     print(f"{d}: MTP head in mtp/ ({len(head)} tensors, {len(coded)} coded)")
 PY
-# The server's greedy completion of a raw prompt: "content<TAB>drafted<TAB>accepted".
-serve() { # MODEL [SERVER OPTIONS]
-    local m=$1 port pid rc=0; shift
-    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$bin/llama-server" -m "$m" --host 127.0.0.1 --port "$port" -t "$threads" -np 1 "$@" >"$work/server.log" 2>&1 &
-    pid=$!
-    "$py" - "$port" <<'PY' || rc=$?
-import json, sys, time, urllib.request
-base = f"http://127.0.0.1:{sys.argv[1]}"
-for _ in range(240):
-    try:
-        if json.load(urllib.request.urlopen(base + "/health", timeout=2)).get("status") == "ok":
-            break
-    except Exception:
-        time.sleep(0.5)
-else:
-    sys.exit("llama-server did not become ready")
-req = {"prompt": "The three primary colours are", "n_predict": 40, "temperature": 0, "seed": 1, "cache_prompt": False}
-r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/completion", json.dumps(req).encode(),
-                                                            {"Content-Type": "application/json"}), timeout=300))
-t = r.get("timings", {})
-print(json.dumps(r["content"]) + "\t" + str(t.get("draft_n", 0)) + "\t" + str(t.get("draft_n_accepted", 0)))
-PY
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    return $rc
-}
-# llama-cli's answer alone (between the echoed prompt and the timings line).
-answer() { sed -n '/^> /,/^\[ Prompt:/p' "$1" | grep -v '^\[ Prompt:'; }
 for v in plain coded; do
     d="$cache/dense-mtp-escha"; [ $v = coded ] && d="$cache/dense-mtp-coded-escha"
     log "dense-mtp ($v head): converter exactness, MTP tensors included"

@@ -1,7 +1,11 @@
 //! The crate's FFI surface, in one place:
 //! - [`cpu_backend`]: the Rust CPU kernels exported to ggml-cpu;
 //! - `ggml_sys` (feature `ggml`): raw bindings to the patched ggml, wrapped
-//!   safely by [`crate::ggml`].
+//!   safely by [`crate::ggml`];
+//! - `llama_sys` (feature `llama`): raw bindings to the patched libllama,
+//!   wrapped safely by [`crate::llama`].
 pub mod cpu_backend;
 #[cfg(feature = "ggml")]
 pub mod ggml_sys;
+#[cfg(feature = "llama")]
+pub mod llama_sys;
