@@ -8,7 +8,7 @@
 //! variable it lacks.
 #![cfg(feature = "llama")]
 
-use escha_ggml::llama::{Backend, Context, ContextParams, KvOverride, LlamaError, Model, ModelParams, Sampler};
+use escha_ggml::llama::{Backend, Context, ContextParams, KvOverride, LlamaError, Model, ModelParams, Sampler, Stage};
 
 fn path(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| panic!("set {var} (tests/qwen35-e2e.sh runs these tests with it)"))
@@ -130,4 +130,60 @@ fn two_contexts_on_two_threads_give_the_same_tokens() {
     });
     assert_eq!(a, alone);
     assert_eq!(b, alone);
+}
+
+/// The progress callback sees the load climb to 1; returning false cancels it.
+#[test]
+#[ignore = "needs the models of tests/qwen35-e2e.sh"]
+fn load_progress_and_cancel() {
+    let (b, p) = (Backend::init(), path("ESCHA_LLAMA_TEST_MODEL"));
+    let mut seen = Vec::new();
+    Model::load_with_progress(&b, &p, &ModelParams::default(), &mut |f| {
+        seen.push(f);
+        true
+    })
+    .unwrap();
+    assert!(!seen.is_empty() && seen.windows(2).all(|w| w[0] <= w[1]) && *seen.last().unwrap() == 1.0, "{seen:?}");
+    let cancelled = Model::load_with_progress(&b, &p, &ModelParams::default(), &mut |_| false);
+    assert!(matches!(cancelled, Err(LlamaError::Load { ref message, .. }) if message.contains("cancelled")), "{:?}", cancelled.err());
+}
+
+/// A seeded sampler chain is deterministic, and its seed matters; several
+/// sequences in one batch give each sequence's own logits.
+#[test]
+#[ignore = "needs the models of tests/qwen35-e2e.sh"]
+fn seeded_sampling_and_batched_sequences() {
+    let m = load("ESCHA_LLAMA_TEST_MODEL");
+    let prompt = m.tokenize(PROMPT, true).unwrap();
+    let run = |seed: u32| -> Vec<i32> {
+        let mut ctx = Context::new(&m, &ContextParams { n_ctx: 512, n_threads: 1, ..ContextParams::default() }).unwrap();
+        let chain = [Stage::Penalties { last_n: 16, repeat: 1.1, freq: 0.0, present: 0.0 }, Stage::TopK(50), Stage::TopP(0.95), Stage::Temperature(1.5), Stage::Dist(seed)];
+        let mut s = Sampler::chain(&m, &chain).unwrap();
+        let mut g = ctx.generate(&prompt, &mut s, 24).unwrap();
+        g.by_ref().for_each(|p| drop(p.unwrap()));
+        g.tokens.clone()
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8), "two seeds gave the same 24 tokens");
+    assert!(Sampler::chain(&m, &[Stage::TopK(5)]).is_err(), "a chain must end by picking a token");
+    // Two sequences side by side in one batch, against each alone.
+    let other = m.tokenize("A different prompt, longer than the first one", true).unwrap();
+    let last = |ctx: &Context, i: i32| -> usize {
+        let l = ctx.logits(i).unwrap();
+        (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap()
+    };
+    let alone: Vec<usize> = [&prompt, &other]
+        .iter()
+        .map(|t| {
+            let mut ctx = Context::new(&m, &ContextParams { n_ctx: 512, n_threads: 1, ..ContextParams::default() }).unwrap();
+            ctx.eval(t, 0, 0).unwrap();
+            last(&ctx, -1)
+        })
+        .collect();
+    let mut ctx = Context::new(&m, &ContextParams { n_ctx: 512, n_threads: 1, n_seq_max: 2, ..ContextParams::default() }).unwrap();
+    let mut entries: Vec<_> = prompt.iter().enumerate().map(|(i, &t)| (t, i as i32, 0, i + 1 == prompt.len())).collect();
+    entries.extend(other.iter().enumerate().map(|(i, &t)| (t, i as i32, 1, i + 1 == other.len())));
+    ctx.decode(&entries).unwrap();
+    let (i0, i1) = (prompt.len() as i32 - 1, entries.len() as i32 - 1); // batch indices of the kept tokens
+    assert_eq!(vec![last(&ctx, i0), last(&ctx, i1)], alone, "each sequence's next token, batched vs alone");
 }

@@ -82,9 +82,9 @@ impl<'m> Context<'m> {
         self.ptr.as_ptr()
     }
 
-    /// Evaluates `tokens` of sequence `seq` from position `pos0`, keeping
-    /// the logits of the last one (row 0 of [`Context::logits`] afterwards
-    /// when it fit one batch; longer inputs go in `n_batch` pieces).
+    /// Evaluates `tokens` of sequence `seq` from position `pos0` (in
+    /// `n_batch` pieces), keeping the logits of the last one
+    /// (`logits(-1)` afterwards).
     pub fn eval(&mut self, tokens: &[Token], seq: i32, pos0: i32) -> Result<(), LlamaError> {
         if tokens.is_empty() {
             return Err(LlamaError::Invalid("no tokens to evaluate".into()));
@@ -103,8 +103,8 @@ impl<'m> Context<'m> {
     }
 
     /// Evaluates one batch of tokens of any sequences: `(token, position,
-    /// sequence, keep logits)`; the kept rows are numbered in order for
-    /// [`Context::logits`].
+    /// sequence, keep logits)`; [`Context::logits`] then takes a token's
+    /// index in this batch.
     pub fn decode(&mut self, entries: &[(Token, i32, i32, bool)]) -> Result<(), LlamaError> {
         if entries.is_empty() || entries.len() > self.n_batch {
             return Err(LlamaError::Invalid(format!("a batch holds 1 to {} tokens, got {}", self.n_batch, entries.len())));
@@ -141,14 +141,15 @@ impl<'m> Context<'m> {
         Ok(())
     }
 
-    /// The logits of kept row `i` of the last batch (-1: the last kept row).
+    /// The logits of token `i` of the last batch (its index there; -1: the
+    /// last token whose logits were kept).
     pub fn logits(&self, i: i32) -> Result<&[f32], LlamaError> {
-        // SAFETY: the context is live; llama.cpp checks i and returns NULL when it is not a kept row.
+        // SAFETY: the context is live; llama.cpp checks i and returns NULL when the token kept no logits.
         let p = unsafe { sys::llama_get_logits_ith(self.as_ptr(), i) };
         if p.is_null() {
             return Err(LlamaError::Invalid(format!("no logits for row {i} of the last batch")));
         }
-        // SAFETY: a kept row holds n_vocab floats, valid until the next decode (which needs &mut self).
+        // SAFETY: a kept token has n_vocab floats, valid until the next decode (which needs &mut self).
         Ok(unsafe { std::slice::from_raw_parts(p, self.model.n_vocab()) })
     }
 
@@ -163,7 +164,7 @@ impl<'m> Context<'m> {
         Ok(unsafe { std::slice::from_raw_parts(p, self.model.n_embd()) })
     }
 
-    /// The embedding of kept row `i` of the last batch (no pooling).
+    /// The embedding of token `i` of the last batch (no pooling).
     pub fn embeddings(&self, i: i32) -> Result<&[f32], LlamaError> {
         // SAFETY: as for logits.
         let p = unsafe { sys::llama_get_embeddings_ith(self.as_ptr(), i) };

@@ -58,6 +58,21 @@ impl Drop for Model {
     }
 }
 
+/// The progress callback handed to llama.cpp: user_data is the loader's
+/// `(&mut &mut dyn FnMut(f32) -> bool, &mut bool)`, live for the load.
+unsafe extern "C" fn on_progress(progress: f32, user: *mut std::ffi::c_void) -> bool {
+    // SAFETY: `user` is the state Model::load_with_progress passed, on its
+    // stack until llama_model_load_from_file returns; llama.cpp calls this
+    // only during that call, on the calling thread.
+    let (f, cancelled) = unsafe { &mut *(user as *mut (&mut &mut dyn FnMut(f32) -> bool, &mut bool)) };
+    // A panic must not cross into C: it cancels the load instead.
+    let go = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(progress))).unwrap_or(false);
+    if !go {
+        **cancelled = true;
+    }
+    go
+}
+
 /// Reads a string a llama.cpp function writes into a buffer (it returns the
 /// length it needs, or a negative value for none).
 fn read_string(f: impl Fn(*mut c_char, usize) -> i32) -> Option<String> {
@@ -78,7 +93,16 @@ impl Model {
     /// Loads a GGUF. Fails with llama.cpp's own message (which names a
     /// refused escha tensor) when the file cannot be loaded, or when a path
     /// or an override cannot be passed to C.
-    pub fn load(_backend: &Backend, path: impl AsRef<std::path::Path>, params: &ModelParams) -> Result<Model, LlamaError> {
+    pub fn load(backend: &Backend, path: impl AsRef<std::path::Path>, params: &ModelParams) -> Result<Model, LlamaError> {
+        Self::load_with_progress(backend, path, params, &mut |_| true)
+    }
+
+    /// [`Model::load`], calling `progress` with the fraction loaded (0 to
+    /// 1) as llama.cpp reports it; returning false cancels the load, which
+    /// then fails.
+    pub fn load_with_progress(
+        _backend: &Backend, path: impl AsRef<std::path::Path>, params: &ModelParams, progress: &mut dyn FnMut(f32) -> bool,
+    ) -> Result<Model, LlamaError> {
         let shown = path.as_ref().display().to_string();
         let invalid = |m: String| LlamaError::Load { path: shown.clone(), message: m };
         let cpath = CString::new(path.as_ref().as_os_str().as_encoded_bytes()).map_err(|_| invalid("the path contains a NUL byte".into()))?;
@@ -136,10 +160,22 @@ impl Model {
         if !params.kv_overrides.is_empty() {
             p.kv_overrides = kv.as_ptr();
         }
+        let mut progress = progress;
+        let mut cancelled = false;
+        let mut state = (&mut progress, &mut cancelled);
+        p.progress_callback = Some(on_progress);
+        p.progress_callback_user_data = &mut state as *mut _ as *mut std::ffi::c_void;
         log::clear_errors();
         // SAFETY: cpath is NUL-terminated; p and the overrides it points to
         // live until the call returns (llama.cpp copies what it keeps).
         let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
+        if cancelled {
+            if let Some(m) = NonNull::new(ptr) {
+                // SAFETY: a model llama.cpp returned after all is freed once, here.
+                unsafe { sys::llama_model_free(m.as_ptr()) };
+            }
+            return Err(invalid("loading cancelled by the progress callback".into()));
+        }
         let ptr = NonNull::new(ptr).ok_or_else(|| invalid(log::errors_or("llama.cpp could not load the model")))?;
         // SAFETY: ptr is a loaded model; its vocabulary lives as long as it does.
         let vocab = NonNull::new(unsafe { sys::llama_model_get_vocab(ptr.as_ptr()) } as *mut sys::llama_vocab);

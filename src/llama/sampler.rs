@@ -88,11 +88,12 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// Samples from kept row `i` of the context's last batch (-1: the last
-    /// row) and records the token in the chain's history (penalties).
+    /// Samples from the logits of token `i` of the context's last batch
+    /// (-1: the last kept) and records the token in the chain's history
+    /// (penalties).
     pub fn sample(&mut self, ctx: &Context<'_>, i: i32) -> Result<Token, LlamaError> {
-        ctx.logits(i)?; // a kept row, checked before llama.cpp reads it
-        // SAFETY: the chain and the context are live; row i holds logits.
+        ctx.logits(i)?; // kept logits, checked before llama.cpp reads them
+        // SAFETY: the chain and the context are live; token i kept its logits.
         Ok(unsafe { sys::llama_sampler_sample(self.ptr.as_ptr(), ctx.as_ptr(), i) })
     }
 
