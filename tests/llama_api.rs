@@ -1,9 +1,12 @@
 //! The safe model API (`escha_ggml::llama`) on a real Escha GGUF. The
-//! models are made by tests/qwen35-e2e.sh, which runs these tests with
-//! `--ignored` and the paths in the environment:
-//!   ESCHA_LLAMA_TEST_MODEL  an Escha GGUF (the small Qwen3.5 dense model)
+//! models are made by tests/qwen35-e2e.sh (the small Qwen3.5 dense and MoE
+//! models) and examples/gemma-demo.sh --check (Gemma-3-270M, block 0
+//! coded), which run these tests with `--ignored` and the paths in the
+//! environment:
+//!   ESCHA_LLAMA_TEST_MODEL  an Escha GGUF
 //!   ESCHA_LLAMA_TEST_TWIN   its decoded twin (`escha decode`)
-//!   ESCHA_LLAMA_BAD_MODEL   the model without blk.0.ffn_up.escha_rin
+//!   ESCHA_LLAMA_BAD_MODEL   the model without one escha tensor's rin
+//!   ESCHA_LLAMA_BAD_TENSOR  that tensor's stem (`blk.0.ffn_up`)
 //! Run without them (`--ignored` on its own), each test fails naming the
 //! variable it lacks.
 #![cfg(feature = "llama")]
@@ -33,7 +36,7 @@ fn greedy(model: &Model, n: usize) -> (String, Vec<i32>) {
 fn model_facts_and_tokenizer() {
     let m = load("ESCHA_LLAMA_TEST_MODEL");
     let twin = load("ESCHA_LLAMA_TEST_TWIN");
-    assert_eq!(m.architecture(), "qwen35");
+    assert!(!m.architecture().is_empty() && m.architecture() == twin.architecture(), "{} / {}", m.architecture(), twin.architecture());
     assert!(m.desc().contains("Escha-W2 + "), "{}", m.desc());
     assert!(!twin.desc().contains("Escha"), "{}", twin.desc());
     assert_eq!(m.n_params(), twin.n_params(), "a coded weight counts as its twin's weights");
@@ -41,7 +44,9 @@ fn model_facts_and_tokenizer() {
     let text = "Escha codes weights in 2 and 3 bits.";
     let tokens = m.tokenize(text, false).unwrap();
     assert!(tokens.len() > 4, "{tokens:?}");
-    assert_eq!(m.detokenize(&tokens), text);
+    // (a tokenizer may put a space in front of the first word)
+    let back = m.detokenize(&tokens);
+    assert_eq!(back.trim_start(), text, "{back:?}");
     assert_eq!(m.tokenize(text, false).unwrap(), twin.tokenize(text, false).unwrap());
 }
 
@@ -82,11 +87,11 @@ fn logits_match_the_decoded_twin() {
 #[test]
 #[ignore = "needs the models of tests/qwen35-e2e.sh"]
 fn a_refused_escha_tensor_is_a_typed_error_naming_it() {
-    let bad = path("ESCHA_LLAMA_BAD_MODEL");
+    let (bad, stem) = (path("ESCHA_LLAMA_BAD_MODEL"), path("ESCHA_LLAMA_BAD_TENSOR"));
     match Model::load(&Backend::init(), &bad, &ModelParams::default()) {
         Err(LlamaError::Load { path, message }) => {
             assert_eq!(path, bad);
-            assert!(message.contains("blk.0.ffn_up"), "the message does not name the tensor: {message}");
+            assert!(message.contains(&format!("{stem}.escha_rin")), "the message does not name {stem}.escha_rin: {message}");
             eprintln!("refused: {message}");
         }
         Err(e) => panic!("wrong error kind: {e}"),
@@ -106,7 +111,7 @@ fn a_refused_escha_tensor_is_a_typed_error_naming_it() {
 fn generation_stops_at_a_stop_string() {
     let m = load("ESCHA_LLAMA_TEST_MODEL");
     let (full, tokens) = greedy(&m, 32);
-    assert_eq!(tokens.len(), 32, "the random model never ends early: {full:?}");
+    assert!(tokens.len() >= 8 && full.chars().count() >= 8, "too short a text to cut: {full:?}");
     let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
     let stop: String = full[cut..].chars().take(3).collect();
     let want = &full[..full.find(&stop).unwrap()];

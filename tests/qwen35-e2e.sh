@@ -189,22 +189,21 @@ for kind in dense moe; do
     below "$self" 1e-5 && below "$coded_kld" 1e-4 || fail "$kind: KLD self $self (want < 1e-5), escha $coded_kld (want < 1e-4)"
     below 99 "$top" || fail "$kind: same top token only $top %"
 
-    if [ $kind = dense ]; then
-        log "dense: the Rust model API (escha_ggml::llama) on this model"
-        cargo build --release --features tools --example generate --example gguf_edit 2>&1 | tail -n 1
-        ours=$(target/release/examples/generate "$model" "The three primary colours are" -n 40 -t "$threads" 2>"$work/generate.log") \
-            || { cat "$work/generate.log"; fail "dense: examples/generate"; }
-        server=$(serve "$model") || fail "dense: llama-server"
-        IFS=$'\t' read -r server_text _ _ <<<"$server"
-        ours_text=$("$py" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$ours")
-        [ "$ours_text" = "$server_text" ] || fail "dense: greedy text of the Rust API $ours_text, llama-server's $server_text"
-        echo "examples/generate: the greedy text of llama-server's /completion ($(tail -n 1 "$work/generate.log"))"
-        target/release/examples/gguf_edit "$model" "$work/bad-rin.gguf" --drop blk.0.ffn_up.escha_rin >/dev/null
-        ESCHA_LLAMA_TEST_MODEL="$model" ESCHA_LLAMA_TEST_TWIN="$work/$kind-decoded.gguf" ESCHA_LLAMA_BAD_MODEL="$work/bad-rin.gguf" \
-            cargo test --release --features tools --test llama_api -- --ignored --nocapture 2>&1 | grep -E "^test |test result|positions|refused|panicked" \
-            || fail "dense: tests/llama_api.rs"
-        rm -f "$work/bad-rin.gguf"
-    fi
+    log "$kind: the Rust model API (escha_ggml::llama) on this model"
+    cargo build --release --features tools --example generate --example gguf_edit 2>&1 | tail -n 1
+    ours=$(target/release/examples/generate "$model" "The three primary colours are" -n 40 -t "$threads" 2>"$work/generate.log") \
+        || { cat "$work/generate.log"; fail "$kind: examples/generate"; }
+    server=$(serve "$model") || fail "$kind: llama-server"
+    IFS=$'\t' read -r server_text _ _ <<<"$server"
+    ours_text=$("$py" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$ours")
+    [ "$ours_text" = "$server_text" ] || fail "$kind: greedy text of the Rust API $ours_text, llama-server's $server_text"
+    echo "examples/generate: the greedy text of llama-server's /completion ($(tail -n 1 "$work/generate.log"))"
+    stem=blk.0.ffn_up; [ $kind = moe ] && stem=blk.0.ffn_down_exps
+    target/release/examples/gguf_edit "$model" "$work/bad-rin.gguf" --drop $stem.escha_rin >/dev/null
+    ESCHA_LLAMA_TEST_MODEL="$model" ESCHA_LLAMA_TEST_TWIN="$work/$kind-decoded.gguf" ESCHA_LLAMA_BAD_MODEL="$work/bad-rin.gguf" \
+        ESCHA_LLAMA_BAD_TENSOR=$stem cargo test --release --features tools --test llama_api -- --ignored --nocapture 2>&1 \
+        | grep -E "^test |test result|positions|refused|panicked" || fail "$kind: tests/llama_api.rs"
+    rm -f "$work/bad-rin.gguf"
 
     log "$kind: llama-quantize on the Escha GGUF keeps the codes and quantizes the rest"
     "$bin/llama-quantize" "$model" "$work/$kind-rest-q4km.gguf" Q4_K_M "$threads" >"$work/quantize.log" 2>&1 \
