@@ -62,6 +62,11 @@ pub(super) fn errors_or(fallback: &str) -> String {
     }
 }
 
+/// llama.cpp's log callback.
+///
+/// # Safety
+/// Called by llama.cpp only: `text` is NULL or a NUL-terminated string valid
+/// for the call; `_user` is unused.
 unsafe extern "C" fn on_log(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
     if text.is_null() {
         return;

@@ -58,8 +58,12 @@ impl Drop for Model {
     }
 }
 
-/// The progress callback handed to llama.cpp: user_data is the loader's
-/// `(&mut &mut dyn FnMut(f32) -> bool, &mut bool)`, live for the load.
+/// The progress callback handed to llama.cpp.
+///
+/// # Safety
+/// `user` must be the `(&mut &mut dyn FnMut(f32) -> bool, &mut bool)` that
+/// [`Model::load_with_progress`] passes, live and not otherwise borrowed for
+/// the call (llama.cpp calls it only inside `llama_model_load_from_file`).
 unsafe extern "C" fn on_progress(progress: f32, user: *mut std::ffi::c_void) -> bool {
     // SAFETY: `user` is the state Model::load_with_progress passed, on its
     // stack until llama_model_load_from_file returns; llama.cpp calls this
