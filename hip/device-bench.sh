@@ -16,10 +16,13 @@
 #            token for >= 99%. Needs llama-perplexity (device-build.sh
 #            llama-perplexity). broken runs it too and it must fail there.
 #   mutants  each GPU mutant of tests/mutants.py (packed as patches by
-#            device-pack.sh; MUTANTS="id ..." picks some) applied to the
-#            build tree's CUDA sources, rebuilt, and its check run: every
-#            one must make the check fail; the sources are restored and
-#            rebuilt after each
+#            device-pack.sh; MUTANTS="id ..." picks some, in that order):
+#            its escha.cu object linked into the build in place of the real
+#            one and its check run: every one must make the check fail; the
+#            real object is linked back at the end
+#   mutant-objects  compiles the mutants' objects (all at once) on a
+#            configured build, e.g. while the build runs:
+#     bash hip/device-build.sh configure && { bash hip/device-bench.sh mutant-objects & bash hip/device-build.sh; wait; } && bash hip/device-bench.sh mutants
 #   decode   the decode-once kernel (the dense BLAS path) against the C
 #            reference bit for bit on this GPU, and its time (needs only nvcc)
 #   perf     test-backend-ops perf: escha ops (shipped plan, BLAS path off,
@@ -93,6 +96,52 @@ offload() {
     if [ "$expect" = pass ] && [ $bad = 1 ]; then die "offload: escha logits differ from the decoded twin"; fi
     if [ "$expect" = fail ] && [ $bad = 0 ]; then die "offload: the broken decode matched the twin"; fi
 }
+# GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
+# MUTANTS="id ..." picks some, in that order.
+bd=.device-build/build
+obj=ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/escha.cu.o
+mdir=$PWD/.device-build/mutants
+mutant_ids() {
+    if [ -n "${MUTANTS:-}" ]; then
+        for id in $MUTANTS; do [ -f .device/gpu-mutants/$id.patch ] || die "mutant $id: not packed"; echo "$id"; done
+    else
+        for p in .device/gpu-mutants/*.patch; do basename "$p" .patch; done
+    fi
+}
+# Compiles each selected mutant's escha.cu with the build's own compile line,
+# all at once, each in a patched copy of ggml-cuda/ beside the real one (so
+# its relative includes resolve); needs a configured build (device-build.sh
+# configure). Objects already there are kept.
+mutant_objects() {
+    local cuda=.device-build/llama.cpp/ggml/src/ggml-cuda cmd id c pids=()
+    [ -f $bd/build.ninja ] || die "mutants: no configured build (bash hip/device-build.sh configure)"
+    mkdir -p "$mdir"
+    cmd=$(ninja -C $bd -t commands $obj | tail -n 1)
+    [[ "$cmd" == *"-o $obj"* && "$cmd" == *"/ggml-cuda/escha.cu "* ]] || die "mutants: no compile line for $obj: $cmd"
+    for id in $(mutant_ids); do
+        [ -f "$mdir/$id.o" ] && continue
+        rm -rf "$cuda-m-$id"
+        cp -r "$cuda" "$cuda-m-$id"
+        # The patches name repository paths (hip/X); the tree has them in ggml-cuda/.
+        patch -s -d "$cuda-m-$id" -p2 < .device/gpu-mutants/$id.patch || die "mutant $id: does not apply to the build tree"
+        c=${cmd//"/ggml-cuda/escha.cu "/"/ggml-cuda-m-$id/escha.cu "}
+        c=${c//"$obj"/"$mdir/$id.o.tmp"}
+        ( cd $bd && eval "$c" && mv "$mdir/$id.o.tmp" "$mdir/$id.o" ) > "$out/mutant-$id-compile.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || true; done
+}
+# Puts an escha.cu object in the build with the original's mtime (ninja's
+# deps log would otherwise call it stale and recompile it), removes the CUDA
+# library so ninja relinks it, and checks that the object was not rebuilt.
+install_object() {
+    cp "$1" $bd/$obj
+    touch -r "$mdir/orig.o" $bd/$obj
+    rm -f "$lib"
+    ninja -C $bd test-backend-ops > "$2" 2>&1 || die "relinking with $1 failed ($2)"
+    cmp -s "$1" $bd/$obj || die "ninja rebuilt $obj instead of linking $1"
+    [ -f "$lib" ] || die "ninja did not relink $lib"
+}
 for step in "$@"; do
     case $step in
     parity)
@@ -140,28 +189,40 @@ for step in "$@"; do
     offload)
         [ -x $B/llama-perplexity ] || die "offload: no llama-perplexity (bash hip/device-build.sh llama-perplexity)"
         offload pass ;;
+    mutant-objects)
+        mutant_objects ;;
     mutants)
-        cuda=.device-build/llama.cpp/ggml/src/ggml-cuda
+        # Each mutant's escha.cu object (compiled in parallel unless the
+        # mutant-objects step did it during the build) takes the real one's
+        # place with the real one's mtime (ninja then keeps it), the CUDA
+        # library is relinked, and the mutant's check runs.
+        mutant_objects
+        o=$bd/$obj
+        lib=$(readlink -f $bd/bin/libggml-cuda.so)
+        [ -f "$lib" ] || die "mutants: no $bd/bin/libggml-cuda.so"
+        cp -p "$o" "$mdir/orig.o"
         survived=0 n=0
-        for p in .device/gpu-mutants/*.patch; do
-            id=$(basename "$p" .patch)
-            if [ -n "${MUTANTS:-}" ] && [[ " $MUTANTS " != *" $id "* ]]; then continue; fi
+        for id in $(mutant_ids); do
+            p=.device/gpu-mutants/$id.patch
             check=$(sed -n 's/^# check: //p' "$p")
             [ -n "$check" ] || die "mutant $id: no check line in $p"
-            # The patches name repository paths (hip/X); the tree has them in ggml-cuda/.
-            patch -s -d "$cuda" -p2 < "$p" || die "mutant $id: does not apply to the build tree"
-            if ninja -C .device-build/build test-backend-ops > "$out/mutant-$id-build.log" 2>&1; then
+            if [ -f "$mdir/$id.o" ]; then
+                install_object "$mdir/$id.o" "$out/mutant-$id-build.log"
                 if TBO=$B/test-backend-ops bash -c "$check" > "$out/mutant-$id.log" 2>&1; then r=SURVIVED; survived=$((survived + 1)); else r=caught; fi
             else
-                r="caught (does not build)"
+                # Every mutant is written to compile: one that does not is a
+                # broken mutant (or compile line), not a caught one.
+                r="NOT BUILT ($(tail -n 1 "$out/mutant-$id-compile.log"))"; survived=$((survived + 1))
             fi
-            patch -s -R -d "$cuda" -p2 < "$p" || die "mutant $id: could not be reverted"
             n=$((n + 1))
-            echo "gpu mutant $id: $r ($(grep -c FAIL "$out/mutant-$id.log" 2>/dev/null || echo 0) FAIL lines) - $(sed -n 's/^# [a-z0-9-]*: //p' "$p" | head -n 1)"
+            echo "gpu mutant $id: $r ($(grep -c FAIL "$out/mutant-$id.log" 2>/dev/null || echo 0) FAIL lines, at ${SECONDS} s) - $(sed -n 's/^# [a-z0-9-]*: //p' "$p" | head -n 1)"
         done
-        ninja -C .device-build/build test-backend-ops > "$out/mutants-restore.log" 2>&1 || die "mutants: rebuilding the restored sources failed"
+        # The real object relinked the same way must pass (the control).
+        install_object "$mdir/orig.o" "$out/mutants-restore.log"
+        $B/test-backend-ops -b CUDA0 -o ESCHA_LINEAR > "$out/mutants-control.log" 2>&1 || die "mutants: the relinked real object fails ($out/mutants-control.log)"
+        echo "control: the real object relinked the same way passes ESCHA_LINEAR ($(grep -o '[0-9]*/[0-9]* tests passed' "$out/mutants-control.log"))"
         [ $n -gt 0 ] || die "mutants: none selected"
-        [ $survived -eq 0 ] || die "mutants: $survived of $n survived" ;;
+        [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
         # The shipped plan, then the dense BLAS path forced off and on (the
         # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
