@@ -26,6 +26,14 @@ enum escha_cuda_mode {
     ESCHA_CUDA_GROUPED = 2,  // MoE, slots grouped by expert on the device
 };
 
+// A switch from the environment (GGML_ESCHA_SIMT): on when set to anything
+// but "" or "0", so GGML_ESCHA_SIMT=0 means off, as a user reads it.
+static constexpr bool escha_env_switch(const char * value) {
+    return value != nullptr && value[0] != '\0' && !(value[0] == '0' && value[1] == '\0');
+}
+static_assert(!escha_env_switch(nullptr) && !escha_env_switch("") && !escha_env_switch("0"), "unset, empty and 0 are off");
+static_assert(escha_env_switch("1") && escha_env_switch("00") && escha_env_switch("yes"), "anything else is on");
+
 // MoE ops with at most this many tokens run each slot on its own.
 static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 

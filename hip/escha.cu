@@ -171,7 +171,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     GGML_UNUSED(cc);
 #else
     // GGML_ESCHA_SIMT=1 forces the SIMT path (the one HIP runs), for testing it on NVIDIA.
-    static const bool force_simt = getenv("GGML_ESCHA_SIMT") != nullptr;
+    static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
     const escha_cuda_plan plan =
