@@ -7,11 +7,23 @@
 //!   ESCHA_LLAMA_TEST_TWIN   its decoded twin (`escha decode`)
 //!   ESCHA_LLAMA_BAD_MODEL   the model without one escha tensor's rin
 //!   ESCHA_LLAMA_BAD_TENSOR  that tensor's stem (`blk.0.ffn_up`)
+//!   ESCHA_LLAMA_TEST_MOE    an Escha GGUF with coded experts (the MoE run;
+//!                           the others skip `expert_biases`)
 //! Run without them (`--ignored` on its own), each test fails naming the
 //! variable it lacks.
 #![cfg(feature = "llama")]
 
-use escha_ggml::llama::{Backend, Context, ContextParams, KvOverride, LlamaError, Model, ModelParams, Sampler, Stage};
+mod common;
+
+use common::{assert_within, order_bound};
+use escha_ggml::cref;
+use escha_ggml::gguf::{GgmlType, GgufFile, GgufWriter};
+use escha_ggml::llama::{Backend, Context, ContextParams, KvOverride, LlamaError, Model, ModelParams, Observer, Sampler, Stage, Tensor};
+use escha_ggml::reference::{Moe, Routing};
+use escha_ggml::rng::Rng;
+use escha_ggml::validate::MoeShape;
+use half::f16;
+use std::sync::{Arc, Mutex};
 
 fn path(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| panic!("set {var} (tests/qwen35-e2e.sh runs these tests with it)"))
@@ -191,4 +203,194 @@ fn seeded_sampling_and_batched_sequences() {
     ctx.decode(&entries).unwrap();
     let (i0, i1) = (prompt.len() as i32 - 1, entries.len() as i32 - 1); // batch indices of the kept tokens
     assert_eq!(vec![last(&ctx, i0), last(&ctx, i1)], alone, "each sequence's next token, batched vs alone");
+}
+
+/// Little-endian values of a file tensor's bytes.
+fn pod<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+    b.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+}
+
+/// One ESCHA_MOE node as llama.cpp computed it.
+struct MoeNode {
+    stem: String,
+    x: Vec<f32>,
+    x_ne: [i64; 4],
+    ids: Vec<i32>,
+    ids_ne: [i64; 4],
+    y: Vec<f32>,
+}
+
+/// Keeps every ESCHA_MOE node's input, routing and output.
+struct MoeNodes(Arc<Mutex<Vec<MoeNode>>>);
+
+impl Observer for MoeNodes {
+    fn wants(&mut self, _name: &str, op: &str) -> bool {
+        op == "ESCHA_MOE"
+    }
+    fn observe(&mut self, t: &Tensor<'_>) {
+        let (code, x, ids) = (t.src(0).unwrap(), t.src(1).unwrap(), t.src(2).unwrap());
+        self.0.lock().unwrap().push(MoeNode {
+            stem: code.name().strip_suffix(".escha_code").unwrap_or_else(|| panic!("code source named {}", code.name())).into(),
+            x: x.to_f32().unwrap(),
+            x_ne: x.ne(),
+            ids: ids.to_i32().unwrap(),
+            ids_ne: ids.ne(),
+            y: t.to_f32().unwrap(),
+        });
+    }
+}
+
+/// Expert biases end to end: ESCHA_LLAMA_TEST_MOE's coded expert weights
+/// are given random per-expert biases (`<stem>.bias`, [OC, E]: the
+/// architecture has none, so the escha loader makes them the op's), and
+/// every ESCHA_MOE node llama.cpp computes must equal the C reference on that
+/// node's own input and routing with the file's weights, scales and biases
+/// (within the summation-order bound). The same reference without the
+/// biases, or with expert 0's for every expert, must not match.
+#[test]
+#[ignore = "needs the MoE model of tests/qwen35-e2e.sh"]
+fn expert_biases_reach_the_escha_moe_op() {
+    let src = path("ESCHA_LLAMA_TEST_MOE");
+    let f = GgufFile::open(&src).unwrap();
+    let coded: Vec<(String, MoeShape)> = f
+        .tensors()
+        .iter()
+        .filter(|t| t.name.ends_with(".escha_code") && t.n_dims() == 4)
+        .map(|t| {
+            let shape = MoeShape { k: t.ne[0] as usize / 16, e: t.ne[3] as usize, ic: t.ne[2] as usize * 16, oc: t.ne[1] as usize * 16 };
+            (t.name.strip_suffix(".escha_code").unwrap().to_string(), shape)
+        })
+        .collect();
+    assert!(!coded.is_empty(), "{src}: no coded expert weights");
+    let mut rng = Rng::new(20);
+    let biases: Vec<(String, Vec<f32>)> = coded
+        .iter()
+        .map(|(stem, s)| {
+            assert!(f.tensor(&format!("{stem}.bias")).is_none(), "{src} already has {stem}.bias");
+            // f16-representable, as a checkpoint's bias widened to F32
+            (format!("{stem}.bias"), rng.f32s(s.e * s.oc, 0.0, 0.5).into_iter().map(|v| f16::from_f32(v).to_f32()).collect())
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("escha-llama-api-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_bias = dir.join("moe-expert-bias.gguf");
+    let mut w = GgufWriter::new();
+    w.copy_kv(&f);
+    for t in f.tensors() {
+        w.add_tensor(&t.name, t.ty, &t.ne[..t.n_dims()]).unwrap();
+    }
+    for ((name, _), (_, s)) in biases.iter().zip(&coded) {
+        w.add_tensor(name, GgmlType::GGML_TYPE_F32, &[s.oc as i64, s.e as i64]).unwrap();
+    }
+    let mut out = w.create(&with_bias).unwrap();
+    for t in f.tensors() {
+        out.write_tensor(&t.name, &f.read(t).unwrap()).unwrap();
+    }
+    for (name, b) in &biases {
+        out.write_tensor(name, bytemuck::cast_slice(b)).unwrap();
+    }
+    out.finish().unwrap();
+
+    let model = Model::load(&Backend::init(), with_bias.to_str().unwrap(), &ModelParams::default()).unwrap();
+    let nodes = Arc::new(Mutex::new(Vec::new()));
+    let params = ContextParams { n_ctx: 256, n_threads: 2, ..ContextParams::default() };
+    let mut ctx = Context::with_observer(&model, &params, MoeNodes(nodes.clone())).unwrap();
+    ctx.eval(&model.tokenize("Experts with biases of their own, routed per token.", true).unwrap(), 0, 0).unwrap();
+    drop(ctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let nodes = nodes.lock().unwrap();
+    let seen: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.stem.as_str()).collect();
+    assert_eq!(seen.len(), coded.len(), "ESCHA_MOE nodes seen for {seen:?}, coded expert weights {}", coded.len());
+    let (mut slots, mut off_without, mut off_expert0, mut outputs) = (0, 0, 0, 0);
+    for n in nodes.iter() {
+        let (_, s) = coded.iter().find(|(stem, _)| *stem == n.stem).unwrap();
+        let read = |suffix: &str| f.tensor(&format!("{}.{suffix}", n.stem)).map(|t| f.read(t).unwrap());
+        let code: Vec<i16> = pod(&read("escha_code").unwrap());
+        let (rin, rout): (Vec<f16>, Vec<f16>) =
+            (pod(&read("escha_rin").unwrap()), pod(&read("escha_rout").unwrap()));
+        let s_in: Option<Vec<f32>> = read("escha_s_in").map(|b| pod(&b));
+        let s_out: Option<Vec<f32>> = read("escha_s_out").map(|b| pod(&b));
+        let bias = &biases.iter().find(|(name, _)| *name == format!("{}.bias", n.stem)).unwrap().1;
+        let expert0: Vec<f32> = (0..s.e).flat_map(|_| bias[..s.oc].to_vec()).collect();
+        let (n_used, tokens, nx) = (n.ids_ne[0] as usize, n.ids_ne[1] as usize, n.x_ne[1] as usize);
+        assert_eq!((n.x_ne[0] as usize, n.x_ne[2] as usize), (s.ic, tokens), "{}: x is [{:?}]", n.stem, n.x_ne);
+        let routing = Routing { ids: &n.ids, n_used, tokens, nx };
+        fn moe<'a>(n: &'a MoeNode, s: MoeShape, code: &'a [i16], r: (&'a [f16], &'a [f16]), sc: (Option<&'a [f32]>, Option<&'a [f32]>), b: Option<&'a [f32]>) -> Moe<'a> {
+            Moe { name: &n.stem, shape: s, code, rin: r.0, rout: r.1, s_in: sc.0, s_out: sc.1, bias: b }
+        }
+        let moe = |b| moe(n, *s, &code, (&rin, &rout), (s_in.as_deref(), s_out.as_deref()), b);
+        let want = cref::moe(&moe(Some(bias)), &n.x, &routing).unwrap();
+        let without = cref::moe(&moe(None), &n.x, &routing).unwrap();
+        let wrong = cref::moe(&moe(Some(&expert0)), &n.x, &routing).unwrap();
+        for t in 0..tokens {
+            for u in 0..n_used {
+                let ex = n.ids[t * n_used + u] as usize;
+                let xr = t * nx + if nx == 1 { 0 } else { u };
+                let bound = order_bound(&moe(Some(bias)).expert(ex), &n.x[xr * s.ic..(xr + 1) * s.ic], 1);
+                let o = (t * n_used + u) * s.oc;
+                let got = &n.y[o..o + s.oc];
+                assert_within(&format!("{} token {t} slot {u} (expert {ex})", n.stem), got, &want[o..o + s.oc], &bound);
+                let off = |r: &[f16]| (0..s.oc).filter(|&c| (got[c] as f64 - r[o + c].to_f64()).abs() > bound[c]).count();
+                off_without += off(&without);
+                if ex != 0 {
+                    off_expert0 += off(&wrong);
+                    outputs += s.oc;
+                }
+                slots += 1;
+            }
+        }
+    }
+    let total = slots * coded[0].1.oc.max(1);
+    eprintln!(
+        "{} ESCHA_MOE nodes, {slots} slots: all within the bound of the reference with the file's expert biases; \
+         without them {off_without} outputs, with expert 0's for every expert {off_expert0} of {outputs} (other experts' slots) fall outside",
+        nodes.len()
+    );
+    assert!(off_without * 2 > total, "the biases hardly move the outputs: {off_without} of about {total} outside without them");
+    assert!(outputs > 0 && off_expert0 * 2 > outputs, "expert 0's biases pass for other experts: {off_expert0} of {outputs}");
+}
+
+/// Counts the escha nodes it sees, and panics at the `panic_at`-th.
+struct EschaNodes(Arc<Mutex<usize>>, usize);
+
+impl Observer for EschaNodes {
+    fn wants(&mut self, _name: &str, op: &str) -> bool {
+        op.starts_with("ESCHA_")
+    }
+    fn observe(&mut self, t: &Tensor<'_>) {
+        assert!(t.to_f32().unwrap().iter().all(|v| v.is_finite()), "{}", t.name());
+        let n = {
+            let mut n = self.0.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        assert!(n != self.1, "deliberately, at {}", t.name());
+    }
+}
+
+/// An observer sees the escha ops of the graph; one that panics makes the
+/// evaluation fail with its message (nothing unwinds into C), and the
+/// context stays usable.
+#[test]
+#[ignore = "needs the models of tests/qwen35-e2e.sh"]
+fn an_observer_sees_the_escha_ops_and_its_panic_fails_the_evaluation() {
+    let m = load("ESCHA_LLAMA_TEST_MODEL");
+    let tokens = m.tokenize(PROMPT, true).unwrap();
+    let params = ContextParams { n_ctx: 256, n_threads: 2, ..ContextParams::default() };
+    let seen = Arc::new(Mutex::new(0));
+    let mut ctx = Context::with_observer(&m, &params, EschaNodes(seen.clone(), 0)).unwrap();
+    ctx.eval(&tokens, 0, 0).unwrap();
+    let all = *seen.lock().unwrap();
+    assert!(all > 0, "no ESCHA_ node in the graph of a coded model");
+    drop(ctx);
+    let seen2 = Arc::new(Mutex::new(0));
+    let mut ctx = Context::with_observer(&m, &params, EschaNodes(seen2.clone(), 2)).unwrap();
+    match ctx.eval(&tokens, 0, 0) {
+        Err(LlamaError::Decode { message, .. }) => assert!(message.contains("deliberately"), "{message}"),
+        other => panic!("a panicking observer gave {other:?}"),
+    }
+    assert_eq!(*seen2.lock().unwrap(), 2, "nodes observed after the panic");
+    ctx.clear();
+    eprintln!("observer: {all} escha nodes in one evaluation of {} tokens; a panic at the 2nd fails the evaluation", tokens.len());
 }

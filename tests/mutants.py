@@ -256,6 +256,9 @@ MUTANTS += [
       '                const ggml_tensor * b = model->get_tensor((stem + ".bias").c_str());\n'
       '                for (auto & [code, reg] : g_weights) { if (reg.model == model && reg.stem == stem) { reg.w.bias = (ggml_tensor *) b; } }\n',
       "qwen35_e2e", "loader: a bias the architecture adds itself also given to the escha op (applied twice)"),
+    M("loader-moe-bias-dropped", "e2e", "ggml-escha/llama/llama-escha.cpp",
+      "reg->w.bias = apply_bias ? b : nullptr;", "reg->w.bias = apply_bias && reg->n_exp == 0 ? b : nullptr;",
+      "qwen35_e2e", "loader: expert biases created but not given to the escha MoE op"),
     M("decode-scales-dropped", "e2e", "src/quantize/decode.rs",
       "if let Some(so) = slice(self.s_out, oc, x) {", "if let Some(so) = slice(None, oc, x) {",
       "qwen35_e2e", "`escha decode`: s_out not folded (the twin then differs from the model)"),

@@ -1,5 +1,6 @@
 //! A context: the KV cache and the evaluation of token batches.
 
+use super::observe::{eval_callback, Observer, ObserverSlot};
 use super::{log, LlamaError, Model, Token};
 use crate::ffi::llama_sys as sys;
 use std::ptr::NonNull;
@@ -32,6 +33,9 @@ pub struct Context<'m> {
     n_batch: usize,
     /// One token's entry of a batch: (token, position, sequence, wants logits).
     scratch: Vec<(Token, i32, i32, bool)>,
+    /// The observer libllama calls back (boxed: a fixed address for C);
+    /// dropped after the context is freed.
+    observer: Option<Box<ObserverSlot>>,
 }
 
 // SAFETY: a llama_context has no thread affinity; this type gives access
@@ -47,6 +51,16 @@ impl Drop for Context<'_> {
 
 impl<'m> Context<'m> {
     pub fn new(model: &'m Model, params: &ContextParams) -> Result<Context<'m>, LlamaError> {
+        Self::make(model, params, None)
+    }
+
+    /// A context whose evaluations call `observer` for the graph tensors it
+    /// picks (llama.cpp's eval callback; see [`Observer`]).
+    pub fn with_observer(model: &'m Model, params: &ContextParams, observer: impl Observer + 'static) -> Result<Context<'m>, LlamaError> {
+        Self::make(model, params, Some(Box::new(ObserverSlot::new(Box::new(observer)))))
+    }
+
+    fn make(model: &'m Model, params: &ContextParams, mut observer: Option<Box<ObserverSlot>>) -> Result<Context<'m>, LlamaError> {
         if params.n_batch == 0 || params.n_seq_max == 0 {
             return Err(LlamaError::Context("n_batch and n_seq_max must be positive".into()));
         }
@@ -61,11 +75,15 @@ impl<'m> Context<'m> {
             p.n_threads_batch = params.n_threads;
         }
         p.embeddings = params.embeddings;
+        if let Some(o) = observer.as_mut() {
+            p.cb_eval = Some(eval_callback);
+            p.cb_eval_user_data = &mut **o as *mut ObserverSlot as *mut std::ffi::c_void;
+        }
         log::clear_errors();
         // SAFETY: the model is loaded and outlives the context (borrowed for 'm).
         let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), p) };
         let ptr = NonNull::new(ptr).ok_or_else(|| LlamaError::Context(log::errors_or("llama_init_from_model failed")))?;
-        Ok(Context { ptr, model, n_batch: params.n_batch as usize, scratch: Vec::new() })
+        Ok(Context { ptr, model, n_batch: params.n_batch as usize, scratch: Vec::new(), observer })
     }
 
     pub fn model(&self) -> &'m Model {
@@ -135,6 +153,9 @@ impl<'m> Context<'m> {
         let rc = unsafe { sys::llama_decode(self.as_ptr(), b) };
         // SAFETY: frees what llama_batch_init allocated (n_tokens is not used by it).
         unsafe { sys::llama_batch_free(batch) };
+        if let Some(msg) = self.observer.as_mut().and_then(|o| o.take_panic()) {
+            return Err(LlamaError::Decode { code: rc, message: msg });
+        }
         if rc != 0 {
             return Err(LlamaError::Decode { code: rc, message: log::errors_or("no message") });
         }

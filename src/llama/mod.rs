@@ -25,12 +25,14 @@ mod context;
 mod generate;
 mod log;
 mod model;
+mod observe;
 mod sampler;
 
 pub use context::{Context, ContextParams};
 pub use generate::Generation;
 pub use log::LogSink;
 pub use model::{KvOverride, Model, ModelParams, Token};
+pub use observe::{Observer, Tensor};
 pub use sampler::{Sampler, Stage};
 
 use crate::ffi::llama_sys as sys;
