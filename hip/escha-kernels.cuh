@@ -309,6 +309,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
     }
 }
 
+// The decode-once kernel of a K (both share one signature) and the grid
+// every caller launches it on: 8 tiles a warp, enough work per block to hide
+// its start.
+using escha_decode_fn = void (*)(const uint32_t *, half *, int, int, escha_consts);
+static inline escha_decode_fn escha_decode_kernel_for(const int K) {
+    return K == 2 ? escha_decode_kernel<2> : escha_decode_kernel<3>;
+}
+static inline int64_t escha_decode_blocks(const int64_t tiles) {
+    return (tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS);
+}
+
 // ---- the decode-and-multiply kernel -----------------------------------------
 
 struct escha_mm_args {

@@ -112,14 +112,9 @@ static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K,
     ggml_cuda_pool_alloc<half> w(ctx.pool(), (size_t) a.IC * a.OC);
     escha_consts dc;
     escha_consts_fill(dc);
-    // 8 tiles per warp: enough work per block to hide its start.
-    const int64_t blocks = ((int64_t) a.KT * a.NT + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS);
+    const int64_t blocks = escha_decode_blocks((int64_t) a.KT * a.NT);
     GGML_ASSERT(blocks < INT32_MAX && a.n_rows < INT32_MAX);
-    if (K == 2) {
-        escha_decode_kernel<2><<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
-    } else {
-        escha_decode_kernel<3><<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
-    }
+    escha_decode_kernel_for(K)<<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
     CUDA_CHECK(cudaGetLastError());
     // Column-major for BLAS: mid (OC x n_rows, ld OC) = w^T (w: IC x OC, ld IC) * xh (IC x n_rows, ld IC).
     const float alpha = 1.0f, beta = 0.0f;

@@ -33,16 +33,7 @@
 static void launch(int k, const uint32_t * code, half * w, int KT, int NT, unsigned blocks) {
     escha_consts dc;
     escha_consts_fill(dc);
-    if (k == 2) {
-        escha_decode_kernel<2><<<blocks, ESCHA_THREADS>>>(code, w, KT, NT, dc);
-    } else {
-        escha_decode_kernel<3><<<blocks, ESCHA_THREADS>>>(code, w, KT, NT, dc);
-    }
-}
-
-// escha.cu's grid: 8 tiles a warp.
-static unsigned grid_of(int64_t tiles) {
-    return (unsigned) ((tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS));
+    escha_decode_kernel_for(k)<<<blocks, ESCHA_THREADS>>>(code, w, KT, NT, dc);
 }
 
 // Returns the number of weights that differ from the reference.
@@ -65,7 +56,7 @@ static int64_t check(int k, int64_t ic, int64_t oc, bool one_block, bool timed) 
     CHECK(cudaMalloc(&d_w, (size_t) ic * oc * 2));
     CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(d_w, 0xFF, (size_t) ic * oc * 2)); // NaN: a weight never written shows
-    const unsigned blocks = one_block ? 1u : grid_of((int64_t) KT * NT);
+    const unsigned blocks = one_block ? 1u : (unsigned) escha_decode_blocks((int64_t) KT * NT);
     launch(k, (const uint32_t *) d_code, d_w, KT, NT, blocks);
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpy(got.data(), d_w, got.size() * 2, cudaMemcpyDeviceToHost));

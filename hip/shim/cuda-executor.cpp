@@ -137,13 +137,7 @@ void decode_weight(int k, int64_t ic, int64_t oc, const uint32_t * code, half * 
     escha_consts dc;
     escha_consts_fill(dc);
     const int KT = (int) (ic / 16), NT = (int) (oc / 16);
-    launch(dim3(blocks), ESCHA_THREADS, [&] {
-        if (k == 2) {
-            escha_decode_kernel<2>(code, w, KT, NT, dc);
-        } else {
-            escha_decode_kernel<3>(code, w, KT, NT, dc);
-        }
-    });
+    launch(dim3(blocks), ESCHA_THREADS, [&] { escha_decode_kernel_for(k)(code, w, KT, NT, dc); });
 }
 
 // cublasGemmEx(OP_T, OP_N, OC, n, IC, 1, w, IC, xh, IC, 0, mid, OC) with
@@ -209,9 +203,8 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     });
     if (blas) {
         auto w = nan_filled<half>((size_t) IC * OC);
-        // ksplit stands for the grid size here: 1 block, or one per 8 tiles a warp.
-        const int64_t tiles = (int64_t) a.KT * a.NT;
-        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) ((tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS)) : 1);
+        // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
+        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks((int64_t) a.KT * a.NT) : 1);
         blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
         launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
             escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
@@ -297,8 +290,7 @@ int ESCHA_SHIM_FN(decode_weight)(int k, int64_t ic, int64_t oc, const int16_t * 
     if (!shape_ok(k, ic, oc)) {
         return -1;
     }
-    const int64_t tiles = (ic / 16) * (oc / 16);
-    decode_weight(k, ic, oc, (const uint32_t *) code, (half *) w, (unsigned) ((tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS)));
+    decode_weight(k, ic, oc, (const uint32_t *) code, (half *) w, (unsigned) escha_decode_blocks((ic / 16) * (oc / 16)));
     return 0;
 }
 
