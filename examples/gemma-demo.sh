@@ -193,16 +193,13 @@ stop
 echo "greedy tokens identical: $(tr '\n' ' ' <<<"$a")"
 
 log "check: the Rust model API (escha_ggml::llama) on the same models"
-cargo build --release --features tools --example generate --example gguf_edit 2>&1 | tail -n 1
+cargo build --release --features tools --example generate 2>&1 | tail -n 1
 ours=$(target/release/examples/generate "$model" "$prompt" -n 32 -t "$threads" 2>"$cache/generate.log") \
     || { cat "$cache/generate.log"; fail "examples/generate"; }
 [ "$ours" = "$a" ] || { printf 'Rust API:     %s\nllama-server: %s\n' "$ours" "$a"; fail "the Rust API's greedy text differs from llama-server's"; }
 echo "examples/generate: llama-server's greedy text ($(tail -n 1 "$cache/generate.log"))"
-target/release/examples/gguf_edit "$model" "$cache/bad-rin.gguf" --drop blk.0.attn_q.escha_rin >/dev/null
-ESCHA_LLAMA_TEST_MODEL="$model" ESCHA_LLAMA_TEST_TWIN="$decoded" ESCHA_LLAMA_BAD_MODEL="$cache/bad-rin.gguf" ESCHA_LLAMA_BAD_TENSOR=blk.0.attn_q \
-    cargo test --release --features tools --test llama_api -- --ignored --nocapture --skip expert_biases 2>&1 \
-    | grep -E "^test |test result|positions|refused|panicked" || fail "tests/llama_api.rs on the Gemma model"
-rm -f "$cache/bad-rin.gguf"
+source scripts/lib/llama-api.sh
+llama_api_tests "$model" "$decoded" blk.0.attn_q "$cache" || fail "tests/llama_api.rs on the Gemma model"
 text=docs/FORMAT.md
 source scripts/lib/kld.sh
 rm -f "$cache/decoded.kld" # written afresh below: a stale base must not stand in

@@ -80,6 +80,7 @@ fi
 
 text=docs/FORMAT.md
 source scripts/lib/kld.sh
+source scripts/lib/llama-api.sh
 # "model type|parameters" as llama-bench reports them
 described() {
     "$bin/llama-bench" -m "$1" -p 8 -n 0 -r 1 -t "$threads" -o json 2>/dev/null \
@@ -190,7 +191,7 @@ for kind in dense moe; do
     below 99 "$top" || fail "$kind: same top token only $top %"
 
     log "$kind: the Rust model API (escha_ggml::llama) on this model"
-    cargo build --release --features tools --example generate --example gguf_edit 2>&1 | tail -n 1
+    cargo build --release --features tools --example generate 2>&1 | tail -n 1
     ours=$(target/release/examples/generate "$model" "The three primary colours are" -n 40 -t "$threads" 2>"$work/generate.log") \
         || { cat "$work/generate.log"; fail "$kind: examples/generate"; }
     server=$(serve "$model") || fail "$kind: llama-server"
@@ -199,14 +200,8 @@ for kind in dense moe; do
     [ "$ours_text" = "$server_text" ] || fail "$kind: greedy text of the Rust API $ours_text, llama-server's $server_text"
     echo "examples/generate: the greedy text of llama-server's /completion ($(tail -n 1 "$work/generate.log"))"
     stem=blk.0.ffn_up; [ $kind = moe ] && stem=blk.0.ffn_down_exps
-    target/release/examples/gguf_edit "$model" "$work/bad-rin.gguf" --drop $stem.escha_rin >/dev/null
     # The MoE model also gets random expert biases, checked at every ESCHA_MOE node.
-    if [ $kind = moe ]; then moe=(env ESCHA_LLAMA_TEST_MOE="$model"); else moe=(env); fi
-    skip=(); [ $kind = moe ] || skip=(--skip expert_biases)
-    ESCHA_LLAMA_TEST_MODEL="$model" ESCHA_LLAMA_TEST_TWIN="$work/$kind-decoded.gguf" ESCHA_LLAMA_BAD_MODEL="$work/bad-rin.gguf" \
-        ESCHA_LLAMA_BAD_TENSOR=$stem "${moe[@]}" cargo test --release --features tools --test llama_api -- --ignored --nocapture "${skip[@]}" 2>&1 \
-        | grep -E "^test |test result|positions|refused|panicked|ESCHA_MOE nodes" || fail "$kind: tests/llama_api.rs"
-    rm -f "$work/bad-rin.gguf"
+    llama_api_tests "$model" "$work/$kind-decoded.gguf" $stem "$work" $([ $kind = moe ] && echo moe) || fail "$kind: tests/llama_api.rs"
 
     log "$kind: llama-quantize on the Escha GGUF keeps the codes and quantizes the rest"
     "$bin/llama-quantize" "$model" "$work/$kind-rest-q4km.gguf" Q4_K_M "$threads" >"$work/quantize.log" 2>&1 \

@@ -64,13 +64,18 @@ impl Generation<'_, '_, '_> {
         keep
     }
 
+    /// No more tokens: the budget is spent (or an end token came) or the
+    /// context is full.
+    fn exhausted(&self) -> bool {
+        self.left == 0 || self.pos as u32 >= self.ctx.n_ctx()
+    }
+
     fn step(&mut self) -> Result<Option<String>, LlamaError> {
         loop {
             if self.done {
                 return Ok(None);
             }
-            let end = self.left == 0 || self.pos as u32 >= self.ctx.n_ctx();
-            if !end {
+            if !self.exhausted() {
                 let t = self.sampler.sample(self.ctx, -1)?;
                 self.left -= 1;
                 if self.ctx.model.is_eog(t) {
@@ -84,7 +89,7 @@ impl Generation<'_, '_, '_> {
                     }
                 }
             }
-            let finished = self.left == 0 || self.pos as u32 >= self.ctx.n_ctx();
+            let finished = self.exhausted();
             // The valid UTF-8 prefix of the bytes joins the text (all of it, replaced, at the end).
             let valid = match std::str::from_utf8(&self.bytes) {
                 Ok(s) => s.len(),
