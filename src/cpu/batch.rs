@@ -50,10 +50,13 @@ pub(crate) trait TileOps {
 }
 
 /// Implements [`TileOps`] for `$isa` by the invoking module's free
-/// functions `gemv`, `decode_rows` and `rows_fma`, which carry the ISA's
-/// `#[target_feature]`s.
+/// functions `gemv`, `decode_rows` and `rows_fma` (or the three named),
+/// which carry the ISA's `#[target_feature]`s.
 macro_rules! tile_ops {
     ($isa:ident) => {
+        super::batch::tile_ops!($isa, gemv, decode_rows, rows_fma);
+    };
+    ($isa:ident, $gemv:ident, $decode_rows:ident, $rows_fma:ident) => {
         pub(super) struct $isa;
 
         impl super::batch::TileOps for $isa {
@@ -63,7 +66,7 @@ macro_rules! tile_ops {
             #[inline]
             unsafe fn gemv<const K: usize>(job: &super::job::BlockJob, mid: &mut [f32]) {
                 // SAFETY: the free function's 1. and 2. are ours.
-                gemv::<K>(job, mid)
+                $gemv::<K>(job, mid)
             }
             /// # Safety
             /// 1. The CPU supports this ISA.
@@ -71,7 +74,7 @@ macro_rules! tile_ops {
             #[inline]
             unsafe fn decode_rows<const K: usize>(job: &super::job::BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
                 // SAFETY: the free function's 1. and 2. are ours.
-                decode_rows::<K>(job, kt, nt, out)
+                $decode_rows::<K>(job, kt, nt, out)
             }
             /// # Safety
             /// 1. The CPU supports this ISA.
@@ -88,7 +91,7 @@ macro_rules! tile_ops {
                 mid: &mut [f32],
             ) {
                 // SAFETY: the free function's 1. to 4. are ours.
-                rows_fma::<R>(job, i0, kt0, kc, dec, mid)
+                $rows_fma::<R>(job, i0, kt0, kc, dec, mid)
             }
         }
     };
@@ -161,7 +164,9 @@ pub(crate) fn xh_ptrs<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc:
     xp
 }
 
-/// Scatters a tile decoded in lane layout to row-major.
+/// Scatters a tile decoded in lane layout to row-major (NEON; the x86 paths
+/// transpose in registers).
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn lanes_to_rows(lanes: &[f32; TILE_VALUES], table: &[u8; TILE_VALUES], out: &mut [f32]) {
     let out = &mut out[..TILE_VALUES];

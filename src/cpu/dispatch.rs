@@ -19,11 +19,13 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512,
+    /// AVX-512F with the codebook's f16 add in AVX-512 FP16.
+    Avx512Fp16,
     Neon,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Fp16, Isa::Neon];
 
     /// Whether this machine can run the path.
     pub fn available(self) -> bool {
@@ -35,6 +37,8 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Fp16 => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512fp16"),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
@@ -48,14 +52,14 @@ impl Isa {
     }
 
     /// The best available path, optionally capped by the environment
-    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `neon`).
+    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512fp16`, `neon`).
     pub fn detect() -> Isa {
         if let Ok(name) = std::env::var("ESCHA_CPU_ISA") {
             if let Some(isa) = Isa::from_name(&name).filter(|i| i.available()) {
                 return isa;
             }
         }
-        [Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
+        [Isa::Avx512Fp16, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
     }
 
     pub fn from_name(name: &str) -> Option<Isa> {
@@ -67,6 +71,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Fp16 => "avx512fp16",
             Isa::Neon => "neon",
         }
     }
@@ -122,6 +127,8 @@ impl Kernel {
             Isa::Avx2 => unsafe { batch::block_mid::<avx2::Avx2>(job, mid, scratch) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => unsafe { batch::block_mid::<avx512::Avx512>(job, mid, scratch) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Fp16 => unsafe { batch::block_mid::<avx512::Avx512Fp16>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => unsafe { batch::block_mid::<neon::Neon>(job, mid, scratch) },
             _ => scalar::block_mid(job, mid),
