@@ -46,13 +46,38 @@ pub fn build(tree: &Path, staticlib: &Path) -> PathBuf {
         .define("GGML_HIP", on_off(cfg!(feature = "hip")))
         .define("GGML_METAL", on_off(cfg!(feature = "metal")));
     // Explicit ISA options instead of -march=native (portable binaries,
-    // and no AMX code paths where AMX is reported but unusable).
+    // and no AMX code paths where AMX is reported but unusable): every
+    // extension ggml's CPU backend has a path for that the build host (or
+    // the target's features) has, so llama.cpp's own quants run at their
+    // best next to the escha kernels. GGML_AVX512 compiles with AVX-512
+    // F, CD, VL, DQ and BW, so it needs all five.
     if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
         let f = |name: &str| env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default().split(',').any(|x| x == name);
-        let host = |name: &str| host_has(name) || f(name);
-        for (opt, feat) in [("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"), ("GGML_F16C", "f16c"), ("GGML_BMI2", "bmi2"), ("GGML_AVX512", "avx512f")] {
-            cfg.define(opt, on_off(host(feat)));
+        // (cpuinfo flag, rustc target feature)
+        let host = |feats: &[(&str, &str)]| feats.iter().all(|&(flag, feat)| host_has(flag) || f(feat));
+        let avx512 = [("avx512f", "avx512f"), ("avx512cd", "avx512cd"), ("avx512vl", "avx512vl"), ("avx512dq", "avx512dq"), ("avx512bw", "avx512bw")];
+        let options: [(&str, &[(&str, &str)]); 10] = [
+            ("GGML_AVX", &[("avx", "avx")]),
+            ("GGML_AVX2", &[("avx2", "avx2")]),
+            ("GGML_FMA", &[("fma", "fma")]),
+            ("GGML_F16C", &[("f16c", "f16c")]),
+            ("GGML_BMI2", &[("bmi2", "bmi2")]),
+            ("GGML_AVX_VNNI", &[("avx_vnni", "avxvnni")]),
+            ("GGML_AVX512", &avx512),
+            ("GGML_AVX512_VBMI", &[("avx512vbmi", "avx512vbmi")]),
+            ("GGML_AVX512_VNNI", &[("avx512_vnni", "avx512vnni")]),
+            ("GGML_AVX512_BF16", &[("avx512_bf16", "avx512bf16")]),
+        ];
+        let mut on = Vec::new();
+        for (opt, feats) in options {
+            // The AVX-512 extensions only count on top of GGML_AVX512.
+            let yes = host(feats) && (!opt.starts_with("GGML_AVX512_") || host(&avx512));
+            cfg.define(opt, on_off(yes));
+            if yes {
+                on.push(opt);
+            }
         }
+        println!("cargo:warning=escha-ggml: llama.cpp's CPU backend built with {}", on.join(" "));
         for opt in ["GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"] {
             cfg.define(opt, "OFF");
         }
