@@ -119,15 +119,12 @@ impl<'a> Tensor<'a> {
 
     /// The values as f32 (an F32 or F16 tensor).
     pub fn to_f32(&self) -> Result<Vec<f32>, LlamaError> {
-        match self.elem_type() {
-            Some(gsys::ggml_type::GGML_TYPE_F32) => Ok(self.read(4)?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
-            Some(gsys::ggml_type::GGML_TYPE_F16) => Ok(self
-                .read(2)?
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()).to_f32())
-                .collect()),
-            _ => Err(LlamaError::Context(format!("{}: type {}, not f32 or f16", self.name(), self.t.type_ as u32))),
-        }
+        let (ty, size) = match self.elem_type() {
+            Some(ty @ gsys::ggml_type::GGML_TYPE_F32) => (ty, 4),
+            Some(ty @ gsys::ggml_type::GGML_TYPE_F16) => (ty, 2),
+            _ => return Err(LlamaError::Context(format!("{}: type {}, not f32 or f16", self.name(), self.t.type_ as u32))),
+        };
+        crate::gguf::to_f32(self.name(), ty, &self.read(size)?, self.n_elements()).map_err(|e| LlamaError::Context(e.to_string()))
     }
 
     /// The values of an I32 tensor.
