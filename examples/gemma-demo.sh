@@ -98,6 +98,7 @@ for old in "$cache/gemma-3-270m-escha-$tag-"*.gguf "$cache/gemma-3-270m-escha.gg
 done
 if [ ! -f "$model" ]; then
     log "encoding to Escha-W2 (cached in $model)"
+    rm -rf "$model.partial" # a killed run's leftover, which escha quantize refuses to write over
     "$escha" quantize "$f16" "$model" "${rules[@]}"
 else
     echo "coded model cached for this escha build: $model"
@@ -185,6 +186,7 @@ stop
 
 log "check: escha ops against the decoded weights in llama.cpp's own matmul"
 decoded="${model%.gguf}-decoded.gguf"
+rm -rf "$decoded.partial"
 "$escha" decode "$model" "$decoded"
 serve "$decoded"
 b=$(complete)

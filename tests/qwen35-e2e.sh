@@ -97,7 +97,9 @@ coded_checkpoint() { # KIND DIR [QUANTIZE OPTIONS]
     local stamp="$(sha256sum "$escha" | cut -d' ' -f1) $made $*"
     if [ ! -f "$dir/model.safetensors" ] || [ "$(cat "$dir/.made-by" 2>/dev/null)" != "$stamp" ]; then
         log "$kind: random checkpoint, coded to Escha-W2 (cached in $dir for this escha binary)"
-        rm -rf "$dir"
+        # The cache's own leftovers, a .partial included: a run killed while
+        # quantizing leaves one, and escha quantize rightly refuses to write over it.
+        rm -rf "$dir" "$dir.partial"
         [ -f "$hf/model.safetensors" ] && [ "$(cat "$hf/.made-by" 2>/dev/null)" = "$made" ] || {
             rm -rf "$hf"; "$py" $fixtures/tiny_qwen35.py "$kind" "$tok" "$hf"; echo "$made" >"$hf/.made-by"; }
         "$escha" quantize "$hf" "$dir" --threads "$threads" --no-progress "$@" | tail -n 2
