@@ -2,17 +2,25 @@
 //! batch sizes (best of 3 runs of about 2e9 multiply-adds each); a faster,
 //! rougher companion to `cargo bench --bench linear`.
 //!
-//! `cargo run --release --example kernel_timing` (ESCHA_CPU_ISA caps the path)
+//! `cargo run --release --example kernel_timing` (ESCHA_CPU_ISA caps the path;
+//! ESCHA_TIMING_M=1,8 picks the batch sizes,
+//! ESCHA_TIMING_SKIP=2 skips the first shapes)
 
 use escha_ggml::cpu::{CpuLinear, Kernel};
 use escha_ggml::testutil::{RandomLinear, Rng};
 fn main() {
     let kernel = Kernel::best();
-    for (k, ic, oc) in [(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)] {
+    let ms: Vec<usize> = match std::env::var("ESCHA_TIMING_M") {
+        Ok(v) => v.split(',').map(|m| m.trim().parse().expect("ESCHA_TIMING_M: batch sizes, e.g. 1,8")).collect(),
+        Err(_) => vec![1, 8, 64],
+    };
+    let shapes = [(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)];
+    let skip = std::env::var("ESCHA_TIMING_SKIP").map_or(0, |v| v.parse().expect("ESCHA_TIMING_SKIP: a number of shapes"));
+    for &(k, ic, oc) in &shapes[skip..] {
         let mut rng = Rng::new(1);
         let problem = RandomLinear::new(1, k, ic, oc, false, false);
         let lin = CpuLinear::new(&problem.linear(), kernel).unwrap();
-        for m in [1usize, 8, 64] {
+        for &m in &ms {
             let x = rng.f32s(m * ic, 0.0, 1.0);
             let mut xh = vec![0f32; m * ic];
             let mut y = vec![0f32; m * oc];

@@ -10,36 +10,57 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::xh_ptrs;
-use super::tables::{group_windows, identity, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{identity, ring_windows, state_window, RingWindow};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
-type Tabs = [[GroupWindow<16>; 2]; 2];
-static TAB2: Tabs = group_windows::<16, 2>(2, &identity());
-static TAB3: Tabs = group_windows::<16, 2>(3, &identity());
+type Tabs = [[RingWindow<16>; 2]; 2];
+static TAB2: Tabs = ring_windows::<16, 2>(2, &identity());
+static TAB3: Tabs = ring_windows::<16, 2>(3, &identity());
 
 /// # Safety
 /// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn ld16(v: &[u32; 16]) -> __m512i {
+unsafe fn ld16<T: Copy>(v: &[T; 16]) -> __m512i {
+    const { assert!(core::mem::size_of::<T>() == 4) };
     _mm512_loadu_si512(v.as_ptr() as *const _)
 }
 
-/// The 16 lane windows of group `gw`.
+/// Tile `(kt, nt)`'s `8K` words in registers: words 0-15, and 16-23 for K=3
+/// (read exactly, never past the tile). Windows index them mod `8K`, so the
+/// ring needs no extended copy: a copy's narrow stores followed by a wide
+/// load would stall store forwarding on every tile.
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F.
-/// 2. `gw.base + 16 <= EXT_WORDS` (true of every entry of `TAB2` and
-///    `TAB3`).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<16>) -> __m512i {
-    let v = _mm512_loadu_si512(ext.as_ptr().add(gw.base) as *const _);
-    let a = _mm512_permutexvar_epi32(_mm512_loadu_si512(gw.idx_a.as_ptr() as *const _), v);
-    let b = _mm512_permutexvar_epi32(_mm512_loadu_si512(gw.idx_b.as_ptr() as *const _), v);
-    _mm512_or_si512(_mm512_sllv_epi32(a, ld16(&gw.shl)), _mm512_srlv_epi32(b, ld16(&gw.shr)))
+unsafe fn tile_words<const K: usize>(job: &BlockJob, kt: usize, nt: usize) -> [__m512i; 2] {
+    let t = &job.code[job.tile_offset(kt, nt)..][..16 * K];
+    // SAFETY: `t` holds 16K int16 (64 bytes for K=2, 96 for K=3), which is
+    // what is read.
+    let w0 = _mm512_loadu_si512(t.as_ptr() as *const _);
+    let w1 = if K == 3 { _mm512_castsi256_si512(_mm256_loadu_si256(t.as_ptr().add(32) as *const __m256i)) } else { w0 };
+    [w0, w1]
+}
+
+/// The 16 lane windows of group `rw`.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn window<const K: usize>(t: &[__m512i; 2], rw: &RingWindow<16>) -> __m512i {
+    let (ia, ib) = (ld16(&rw.idx_a), ld16(&rw.idx_b));
+    // K=2: 16 words, one register; K=3: 24, index bit 4 picks the second.
+    let (a, b) = if K == 2 {
+        (_mm512_permutexvar_epi32(ia, t[0]), _mm512_permutexvar_epi32(ib, t[0]))
+    } else {
+        (_mm512_permutex2var_epi32(t[0], ia, t[1]), _mm512_permutex2var_epi32(t[0], ib, t[1]))
+    };
+    _mm512_or_si512(_mm512_sllv_epi32(a, ld16(&rw.shl)), _mm512_srlv_epi32(b, ld16(&rw.shr)))
 }
 
 /// Codebook values of 16 states.
@@ -74,6 +95,31 @@ unsafe fn cb16_fp16(s: __m512i) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castph_si512(sum)))
 }
 
+/// 2^112: f32's exponent bias less f16's.
+const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
+
+/// [`cb16_fp16`]'s values times 2^-112, exactly, without a pack and a
+/// conversion: the rotate makes both halves of a lane the f16 sum `v`, and
+/// an arithmetic shift by 3 then puts its sign at bit 31 and its exponent
+/// and mantissa at f32 bits 27..13, which read as f32 are `v * 2^-112` for
+/// every `v` that is zero or normal. Every codebook sum is: both halves have
+/// exponent field 12..15, so a nonzero sum is a multiple of 2^-13, above
+/// f16's smallest normal (`codebook_sums_scale_exactly` checks all states).
+/// The GEMV multiplies by inputs scaled by 2^112 (exact: an f16 input is
+/// below 2^16), so each product is the unscaled one bit for bit.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F and AVX-512 FP16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512fp16")]
+unsafe fn cb16_fp16_scaled(s: __m512i) -> __m512 {
+    let r = _mm512_mullo_epi32(s, _mm512_set1_epi32(CBA_MUL as i32));
+    let r = _mm512_ternarylogic_epi32::<0x6A>(r, _mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
+    let sum = _mm512_add_ph(_mm512_castsi512_ph(r), _mm512_castsi512_ph(_mm512_ror_epi32::<16>(r)));
+    let bits = _mm512_and_si512(_mm512_srai_epi32::<3>(_mm512_castph_si512(sum)), _mm512_set1_epi32(0x8FFF_E000u32 as i32));
+    _mm512_castsi512_ps(bits)
+}
+
 /// # Safety
 /// 1. The CPU supports AVX-512F.
 #[inline]
@@ -83,15 +129,16 @@ unsafe fn states<const K: usize>(w: &[__m512i; 2], j: usize) -> __m512i {
     _mm512_and_si512(_mm512_srl_epi32(w[h], _mm_cvtsi32_si128(sh as i32)), _mm512_set1_epi32(0xFFFF))
 }
 
-/// `xv[j&3]`: inputs of rows `2*(i&3) + rj` for the 16 lanes.
+/// `xv[j&3]`: inputs of rows `2*(i&3) + rj` for the 16 lanes, times `scale`
+/// (a power of two that keeps them finite).
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F.
 /// 2. `x` is valid for reads of 16 floats.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
-    let v = _mm512_loadu_ps(x);
+unsafe fn xvecs(x: *const f32, scale: f32) -> [__m512; 4] {
+    let v = _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(scale));
     let idx = |rj: i32| _mm512_setr_epi32(rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6, rj, rj + 2, rj + 4, rj + 6);
     [
         _mm512_permutexvar_ps(idx(0), v),
@@ -103,12 +150,11 @@ unsafe fn xvecs(x: *const f32) -> [__m512; 4] {
 
 /// # Safety
 /// 1. The CPU supports AVX-512F.
-/// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn group_windows_of<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, g: usize) -> [__m512i; 2] {
-    let w0 = window(ext, &tabs[0][g]);
-    [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }]
+unsafe fn group_windows_of<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, g: usize) -> [__m512i; 2] {
+    let w0 = window::<K>(t, &tabs[0][g]);
+    [w0, if K == 3 { window::<K>(t, &tabs[1][g]) } else { w0 }]
 }
 
 /// Each quarter of `acc[g*2 + jh]` sums into column `4g + 8jh + quarter`.
@@ -130,23 +176,24 @@ unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
 }
 
 /// The kernels that decode (the GEMV, the tile decode of the batched
-/// product) of one codebook variant: `$cb` under the features `$feat`, as
-/// the functions named; the batched product's `rows_fma` is shared.
+/// product) of one codebook variant under the features `$feat`, as the
+/// functions named: the GEMV decodes with `$cb_gemv` against inputs times
+/// `$xscale` (its values times 1 / `$xscale`), the tile decode with `$cb`
+/// (exact values); the batched product's `rows_fma` is shared.
 macro_rules! decode_paths {
-    ($isa:ident, $feat:literal, $cb:ident, $tile_fma:ident, $gemv:ident, $decode_rows:ident) => {
+    ($isa:ident, $feat:literal, $cb:ident, $cb_gemv:ident, $xscale:expr, $tile_fma:ident, $gemv:ident, $decode_rows:ident) => {
         /// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
         ///
         /// # Safety
         /// 1. The CPU supports the path's features (`$feat`).
-        /// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn $tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+        unsafe fn $tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
             for g in 0..2 {
-                let w = group_windows_of::<K>(ext, tabs, g);
+                let w = group_windows_of::<K>(t, tabs, g);
                 for j in 0..8 {
                     let a = &mut acc[g * 2 + (j >> 2)];
-                    *a = _mm512_fmadd_ps($cb(states::<K>(&w, j)), xv[j & 3], *a);
+                    *a = _mm512_fmadd_ps($cb_gemv(states::<K>(&w, j)), xv[j & 3], *a);
                 }
             }
         }
@@ -158,14 +205,13 @@ macro_rules! decode_paths {
         unsafe fn $gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
             let tabs = if K == 2 { &TAB2 } else { &TAB3 };
             let mut acc = [[_mm512_setzero_ps(); 4]; BLOCK_TILES];
-            let mut ext = [0u32; EXT_WORDS];
             for kt in 0..job.kt_n() {
                 job.prefetch_tile_row(kt + PREFETCH_ROWS);
                 // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
-                let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
+                let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr(), $xscale);
                 for (tl, a) in acc.iter_mut().enumerate() {
-                    job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
-                    $tile_fma::<K>(&ext, tabs, &xv, a);
+                    let t = tile_words::<K>(job, kt, job.block * BLOCK_TILES + tl);
+                    $tile_fma::<K>(&t, tabs, &xv, a);
                 }
             }
             for (tl, a) in acc.iter().enumerate() {
@@ -187,9 +233,8 @@ macro_rules! decode_paths {
         unsafe fn $decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
             let tabs = if K == 2 { &TAB2 } else { &TAB3 };
             let out = &mut out[..256];
-            let mut ext = [0u32; EXT_WORDS];
-            job.load_ext(kt, nt, &mut ext);
-            let w = [group_windows_of::<K>(&ext, tabs, 0), group_windows_of::<K>(&ext, tabs, 1)];
+            let t = tile_words::<K>(job, kt, nt);
+            let w = [group_windows_of::<K>(&t, tabs, 0), group_windows_of::<K>(&t, tabs, 1)];
             // Rows (k0, k0 + 1) of two 4x4 blocks a (columns 0-3) and b (4-7): lanes
             // 0-7 row k0, 8-15 row k0 + 1.
             let pair = |k0: i32| {
@@ -223,8 +268,8 @@ macro_rules! decode_paths {
     };
 }
 
-decode_paths!(Avx512, "avx512f", cb16, tile_fma, gemv, decode_rows);
-decode_paths!(Avx512Fp16, "avx512f,avx512fp16", cb16_fp16, tile_fma_fp16, gemv_fp16, decode_rows_fp16);
+decode_paths!(Avx512, "avx512f", cb16, cb16, 1.0, tile_fma, gemv, decode_rows);
+decode_paths!(Avx512Fp16, "avx512f,avx512fp16", cb16_fp16, cb16_fp16_scaled, F16_TO_F32_SCALE, tile_fma_fp16, gemv_fp16, decode_rows_fp16);
 
 /// # Safety
 /// 1. The CPU supports AVX-512F.
@@ -252,6 +297,38 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
         }
         for (q, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE), *a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::dispatch::Isa;
+    use half::f16;
+
+    /// Every one of the 65536 states through [`cb16_fp16_scaled`] is the
+    /// contract's codebook value (the two f16 halves of the hash added with
+    /// one rounding, here by the `half` crate) times 2^-112, bit for bit:
+    /// the bit trick needs every such sum to be zero or normal.
+    #[test]
+    fn codebook_sums_scale_exactly() {
+        if !Isa::Avx512Fp16.available() {
+            println!("codebook_sums_scale_exactly: skipped, this CPU has no AVX-512 FP16");
+            return;
+        }
+        let scale = 1.0 / F16_TO_F32_SCALE;
+        for s0 in (0..1u32 << 16).step_by(16) {
+            let states: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
+            let mut got = [0f32; 16];
+            // SAFETY: the CPU has AVX-512F and AVX-512 FP16 (checked above).
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), cb16_fp16_scaled(ld16(&states))) };
+            for (s, g) in states.iter().zip(got) {
+                let r = (s.wrapping_mul(CBA_MUL) & CBA_MASK) ^ CBA_XOR;
+                let v = f16::from_bits(r as u16) + f16::from_bits((r >> 16) as u16);
+                let want = v.to_f32() * scale;
+                assert_eq!(g.to_bits(), want.to_bits(), "state {s:#06x}: {g:e}, want {v} * 2^-112 = {want:e}");
+            }
         }
     }
 }

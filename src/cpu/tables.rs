@@ -110,6 +110,45 @@ pub const fn group_windows<const W: usize, const G: usize>(k: usize, perm: &[usi
     out
 }
 
+/// A group's windows for a kernel that holds the tile's `nw = 8k` words in
+/// registers instead of `ext`: word indices taken mod `nw` (so the ring
+/// needs no copy), otherwise as [`GroupWindow`].
+#[derive(Clone, Copy, Debug)]
+pub struct RingWindow<const W: usize> {
+    /// Per lane: index of `w[q mod nw]` and of `w[(q + 1) mod nw]`.
+    pub idx_a: [i32; W],
+    pub idx_b: [i32; W],
+    pub shl: [u32; W],
+    pub shr: [u32; W],
+}
+
+/// [`group_windows`] with tile word indices (`ext` index `e` is word
+/// `(e - 1) mod nw`).
+pub const fn ring_windows<const W: usize, const G: usize>(k: usize, perm: &[usize; W]) -> [[RingWindow<W>; G]; 2] {
+    let tabs = group_windows::<W, G>(k, perm);
+    let nw = 8 * k;
+    let empty = RingWindow { idx_a: [0; W], idx_b: [0; W], shl: [0; W], shr: [0; W] };
+    let mut out = [[empty; G]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut g = 0;
+        while g < G {
+            let gw = &tabs[h][g];
+            let mut i = 0;
+            while i < W {
+                out[h][g].idx_a[i] = ((gw.base + gw.idx_a[i] as usize + nw - 1) % nw) as i32;
+                out[h][g].idx_b[i] = ((gw.base + gw.idx_b[i] as usize + nw - 1) % nw) as i32;
+                out[h][g].shl[i] = gw.shl[i];
+                out[h][g].shr[i] = gw.shr[i];
+                i += 1;
+            }
+            g += 1;
+        }
+        h += 1;
+    }
+    out
+}
+
 /// Fills `ext` from one tile of `16*k` int16 words.
 #[inline(always)]
 pub fn fill_ext(tile: &[i16], k: usize, ext: &mut [u32; EXT_WORDS]) {
@@ -154,6 +193,9 @@ mod tests {
     /// lane/state of random tiles, both K, and all group widths.
     #[test]
     fn windows_match_bitstream() {
+        fn tile_of(rng: &mut crate::rng::Rng, k: usize) -> Vec<i16> {
+            (0..16 * k).map(|_| rng.next_u32() as i16).collect()
+        }
         fn check<const W: usize, const G: usize>(k: usize, tile: &[i16], perm: &[usize; W]) {
             let tabs = group_windows::<W, G>(k, perm);
             let mut ext = [0u32; EXT_WORDS];
@@ -173,10 +215,25 @@ mod tests {
                 }
             }
         }
+        fn check_ring<const W: usize, const G: usize>(k: usize, tile: &[i16], perm: &[usize; W]) {
+            let tabs = ring_windows::<W, G>(k, perm);
+            let words: Vec<u32> = (0..8 * k).map(|m| crate::codec::tile_word32(tile, m)).collect();
+            for lane in 0..32 {
+                let (g, i) = (lane / W, perm.iter().position(|&p| p == lane % W).unwrap());
+                for j in 0..8 {
+                    let (h, sh) = state_window(k, j);
+                    let rw = &tabs[h][g];
+                    let (a, b) = (words[rw.idx_a[i] as usize], words[rw.idx_b[i] as usize]);
+                    let win = a.checked_shl(rw.shl[i]).unwrap_or(0) | b.checked_shr(rw.shr[i]).unwrap_or(0);
+                    assert_eq!(((win >> sh) & 0xFFFF) as u16, tile_state(tile, k, 8 * lane + j), "ring k={k} W={W} lane={lane} j={j}");
+                }
+            }
+        }
         let mut rng = crate::rng::Rng::new(7);
         for k in [2, 3] {
             for _ in 0..200 {
-                let tile: Vec<i16> = (0..16 * k).map(|_| rng.next_u32() as i16).collect();
+                check_ring::<16, 2>(k, &tile_of(&mut rng, k), &identity());
+                let tile = tile_of(&mut rng, k);
                 check::<4, 8>(k, &tile, &identity());
                 check::<8, 4>(k, &tile, &identity());
                 check::<8, 4>(k, &tile, &[0, 1, 4, 5, 2, 3, 6, 7]);
