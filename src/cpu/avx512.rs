@@ -98,26 +98,67 @@ unsafe fn cb16_fp16(s: __m512i) -> __m512 {
 /// 2^112: f32's exponent bias less f16's.
 const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
 
-/// [`cb16_fp16`]'s values times 2^-112, exactly, without a pack and a
-/// conversion: the rotate makes both halves of a lane the f16 sum `v`, and
-/// an arithmetic shift by 3 then puts its sign at bit 31 and its exponent
-/// and mantissa at f32 bits 27..13, which read as f32 are `v * 2^-112` for
-/// every `v` that is zero or normal. Every codebook sum is: both halves have
-/// exponent field 12..15, so a nonzero sum is a multiple of 2^-13, above
-/// f16's smallest normal (`codebook_sums_scale_exactly` checks all states).
+/// The `vpmultishiftqb` control that cuts the states of values `2p` and
+/// `2p + 1` out of each 32-bit window: per dword, bytes
+/// `[sh, sh + 8, sh', sh' + 8]` of its window (+32 for a qword's upper
+/// dword), so each dword becomes the pair `state(2p) | state(2p + 1) << 16`.
+const fn pair_ctrl(k: usize, p: usize) -> i64 {
+    let ((h0, a), (h1, b)) = (state_window(k, 2 * p), state_window(k, 2 * p + 1));
+    assert!(h0 == h1, "a pair's states share a window");
+    let d = [a, a + 8, b, b + 8, 32 + a, 40 + a, 32 + b, 40 + b];
+    let mut c = 0u64;
+    let mut i = 0;
+    while i < 8 {
+        c |= (d[i] as u64) << (8 * i);
+        i += 1;
+    }
+    c as i64
+}
+
+/// Codebook values `2p` and `2p + 1` of the group's 16 lanes, times 2^-112
+/// exactly (for the GEMV), 32 states in 16-bit lanes at once:
+/// - one byte-granular multishift cuts both states of a lane out of its
+///   window (no shift and mask per state);
+/// - the hash `s * CBA_MUL mod 2^32` in halves (low: `s * lo16(MUL)`; high:
+///   the high half of that plus `s * hi16(MUL)`), the and+xor one
+///   `vpternlogd` per half (the constants' halves are equal), and one
+///   `vaddph` adds all 32 pairs of halves, rounding to nearest even exactly
+///   as the contract's f16 addition;
+/// - value `2p` is then each dword's low half, `2p + 1` its high half; with
+///   the f16 sum `v` in a dword's high half, an arithmetic shift by 3 puts
+///   its sign at bit 31 and its exponent and mantissa at f32 bits 27..13,
+///   which read as f32 are `v * 2^-112` (f32's exponent bias is 112 above
+///   f16's) for every `v` that is zero or normal, and a mask clears the
+///   rest: no narrowing and no conversion. Every codebook sum is zero or
+///   normal: both halves have exponent field 12..15, so a nonzero sum is a
+///   multiple of 2^-13, above f16's smallest normal
+///   (`codebook_sums_scale_exactly` checks all states).
+///
 /// The GEMV multiplies by inputs scaled by 2^112 (exact: an f16 input is
-/// below 2^16), so each product is the unscaled one bit for bit.
+/// below 2^16, so the scaled one is below f32's largest), so each product
+/// is the unscaled one bit for bit.
 ///
 /// # Safety
-/// 1. The CPU supports AVX-512F and AVX-512 FP16.
+/// 1. The CPU supports AVX-512F, BW, VBMI and FP16.
 #[inline]
-#[target_feature(enable = "avx512f,avx512fp16")]
-unsafe fn cb16_fp16_scaled(s: __m512i) -> __m512 {
-    let r = _mm512_mullo_epi32(s, _mm512_set1_epi32(CBA_MUL as i32));
-    let r = _mm512_ternarylogic_epi32::<0x6A>(r, _mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
-    let sum = _mm512_add_ph(_mm512_castsi512_ph(r), _mm512_castsi512_ph(_mm512_ror_epi32::<16>(r)));
-    let bits = _mm512_and_si512(_mm512_srai_epi32::<3>(_mm512_castph_si512(sum)), _mm512_set1_epi32(0x8FFF_E000u32 as i32));
-    _mm512_castsi512_ps(bits)
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
+unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
+    const { assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF) };
+    let (h, _) = state_window(K, 2 * p);
+    let s = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), w[h]);
+    let (ml, mh) = (_mm512_set1_epi16(CBA_MUL as u16 as i16), _mm512_set1_epi16((CBA_MUL >> 16) as u16 as i16));
+    let lo = _mm512_mullo_epi16(s, ml);
+    let hi = _mm512_add_epi16(_mm512_mulhi_epu16(s, ml), _mm512_mullo_epi16(s, mh));
+    let (m, x) = (_mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
+    let sum = _mm512_add_ph(
+        _mm512_castsi512_ph(_mm512_ternarylogic_epi32::<0x6A>(lo, m, x)),
+        _mm512_castsi512_ph(_mm512_ternarylogic_epi32::<0x6A>(hi, m, x)),
+    );
+    let v = _mm512_castph_si512(sum);
+    let keep = _mm512_set1_epi32(0x8FFF_E000u32 as i32);
+    let a = _mm512_and_si512(_mm512_srai_epi32::<3>(_mm512_slli_epi32::<16>(v)), keep);
+    let b = _mm512_and_si512(_mm512_srai_epi32::<3>(v), keep);
+    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b))
 }
 
 /// # Safety
@@ -175,29 +216,47 @@ unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
     }
 }
 
-/// The kernels that decode (the GEMV, the tile decode of the batched
-/// product) of one codebook variant under the features `$feat`, as the
-/// functions named: the GEMV decodes with `$cb_gemv` against inputs times
-/// `$xscale` (its values times 1 / `$xscale`), the tile decode with `$cb`
-/// (exact values); the batched product's `rows_fma` is shared.
-macro_rules! decode_paths {
-    ($isa:ident, $feat:literal, $cb:ident, $cb_gemv:ident, $xscale:expr, $tile_fma:ident, $gemv:ident, $decode_rows:ident) => {
-        /// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
-        ///
-        /// # Safety
-        /// 1. The CPU supports the path's features (`$feat`).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn $tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
-            for g in 0..2 {
-                let w = group_windows_of::<K>(t, tabs, g);
-                for j in 0..8 {
-                    let a = &mut acc[g * 2 + (j >> 2)];
-                    *a = _mm512_fmadd_ps($cb_gemv(states::<K>(&w, j)), xv[j & 3], *a);
-                }
-            }
+/// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+    for g in 0..2 {
+        let w = group_windows_of::<K>(t, tabs, g);
+        for j in 0..8 {
+            let a = &mut acc[g * 2 + (j >> 2)];
+            *a = _mm512_fmadd_ps(cb16(states::<K>(&w, j)), xv[j & 3], *a);
         }
+    }
+}
 
+/// [`tile_fma`] with the pairs of [`pair_fp16_scaled`] (inputs times 2^112).
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW, VBMI and FP16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
+unsafe fn tile_fma_fp16<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+    for g in 0..2 {
+        let w = group_windows_of::<K>(t, tabs, g);
+        for p in 0..4 {
+            let (a, b) = pair_fp16_scaled::<K>(&w, p);
+            let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
+            *c = _mm512_fmadd_ps(a, xv[(2 * p) & 3], *c);
+            *c = _mm512_fmadd_ps(b, xv[(2 * p + 1) & 3], *c);
+        }
+    }
+}
+
+/// The kernels that decode (the GEMV, the tile decode of the batched
+/// product) of one path under the features `$feat`, as the functions
+/// named: the GEMV decodes with `$tile_fma` against inputs times `$xscale`
+/// (its values are the weights times 1 / `$xscale`), the tile decode with
+/// `$cb` (exact values); the batched product's `rows_fma` is shared.
+macro_rules! decode_paths {
+    ($isa:ident, $feat:literal, $cb:ident, $tile_fma:ident, $xscale:expr, $gemv:ident, $decode_rows:ident) => {
         /// # Safety
         /// 1. The CPU supports the path's features (`$feat`).
         /// 2. `job` is consistent (checked by `Kernel::block_mid`).
@@ -268,8 +327,8 @@ macro_rules! decode_paths {
     };
 }
 
-decode_paths!(Avx512, "avx512f", cb16, cb16, 1.0, tile_fma, gemv, decode_rows);
-decode_paths!(Avx512Fp16, "avx512f,avx512fp16", cb16_fp16, cb16_fp16_scaled, F16_TO_F32_SCALE, tile_fma_fp16, gemv_fp16, decode_rows_fp16);
+decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows);
+decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
 
 /// # Safety
 /// 1. The CPU supports AVX-512F.
@@ -307,27 +366,37 @@ mod tests {
     use crate::cpu::dispatch::Isa;
     use half::f16;
 
-    /// Every one of the 65536 states through [`cb16_fp16_scaled`] is the
+    /// Every one of the 65536 states through [`pair_fp16_scaled`] is the
     /// contract's codebook value (the two f16 halves of the hash added with
     /// one rounding, here by the `half` crate) times 2^-112, bit for bit:
-    /// the bit trick needs every such sum to be zero or normal.
+    /// the bit trick needs every such sum to be zero or normal. K=2 pair 3
+    /// is states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
+    /// gives state `s` (value 7) and `s >> 2` (value 6).
     #[test]
     fn codebook_sums_scale_exactly() {
         if !Isa::Avx512Fp16.available() {
-            println!("codebook_sums_scale_exactly: skipped, this CPU has no AVX-512 FP16");
+            println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI or FP16");
             return;
         }
-        let scale = 1.0 / F16_TO_F32_SCALE;
+        let want = |s: u32| {
+            let r = (s.wrapping_mul(CBA_MUL) & CBA_MASK) ^ CBA_XOR;
+            let v = f16::from_bits(r as u16) + f16::from_bits((r >> 16) as u16);
+            (v.to_f32() / F16_TO_F32_SCALE).to_bits()
+        };
         for s0 in (0..1u32 << 16).step_by(16) {
-            let states: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
-            let mut got = [0f32; 16];
-            // SAFETY: the CPU has AVX-512F and AVX-512 FP16 (checked above).
-            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), cb16_fp16_scaled(ld16(&states))) };
-            for (s, g) in states.iter().zip(got) {
-                let r = (s.wrapping_mul(CBA_MUL) & CBA_MASK) ^ CBA_XOR;
-                let v = f16::from_bits(r as u16) + f16::from_bits((r >> 16) as u16);
-                let want = v.to_f32() * scale;
-                assert_eq!(g.to_bits(), want.to_bits(), "state {s:#06x}: {g:e}, want {v} * 2^-112 = {want:e}");
+            let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
+            let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);
+            // SAFETY: the CPU has AVX-512F, BW, VBMI and FP16 (checked above).
+            unsafe {
+                let w = ld16(&windows);
+                let (a, b) = pair_fp16_scaled::<2>(&[w, w], 3);
+                _mm512_storeu_ps(v6.as_mut_ptr(), a);
+                _mm512_storeu_ps(v7.as_mut_ptr(), b);
+            }
+            for i in 0..16 {
+                let s = windows[i];
+                assert_eq!(v7[i].to_bits(), want(s), "state {s:#06x} (value 7): {:e}", v7[i]);
+                assert_eq!(v6[i].to_bits(), want(s >> 2), "state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
             }
         }
     }

@@ -38,7 +38,12 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => is_x86_feature_detected!("avx512f"),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Fp16 => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512fp16"),
+            Isa::Avx512Fp16 => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vbmi")
+                    && is_x86_feature_detected!("avx512fp16")
+            }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 /// Tile rows the GEMVs prefetch ahead of use.
 #[cfg(target_arch = "x86_64")]
-pub(crate) const PREFETCH_ROWS: usize = 4;
+pub(crate) const PREFETCH_ROWS: usize = 8;
 
 /// Output columns per work unit (one Hadamard block = 8 tiles).
 pub const BLOCK_COLS: usize = HBLOCK;
