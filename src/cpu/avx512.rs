@@ -9,7 +9,7 @@
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::xh_ptrs;
+use super::batch::{xh_ptrs, KC};
 use super::tables::{identity, ring_windows, state_window, RingWindow};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
@@ -330,6 +330,13 @@ macro_rules! decode_paths {
 decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows);
 decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
 
+/// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec`, two rows
+/// at a time against all 8 tiles of the block: per input `r`, 8 weight
+/// vectors and 2 broadcasts feed 16 FMAs into 16 register accumulators
+/// (one tile at a time would load a weight and a broadcast per FMA or two
+/// and leave the loads, not the FMAs, the bound). Each output still sums
+/// its inputs in ascending order.
+///
 /// # Safety
 /// 1. The CPU supports AVX-512F.
 /// 2. `job` is consistent (checked by `Kernel::block_mid`).
@@ -337,25 +344,52 @@ decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512fp16", cb16_fp16, t
 /// 4. `mid` holds at least `(i0 + R) * 128` floats.
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: usize, dec: &[f32], mid: &mut [f32]) {
-    // SAFETY: every raw access below is inside `dec` (3.), `mid` (4.) or a
-    // 16-float tile of `xh` (`xh_ptrs`).
+    // SAFETY: `rows_block`'s pointers: `xh_ptrs` gives 16-float tiles of
+    // `xh`, and rows i0 + q < i0 + R of `mid` lie inside it (4.).
     let xp = xh_ptrs::<R>(job, i0, kt0, kc);
-    for tl in 0..BLOCK_TILES {
-        let mut acc = [_mm512_setzero_ps(); R];
-        for (q, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_loadu_ps(mid.as_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE));
+    let mut q = 0;
+    while q + 2 <= R {
+        let x: [[*const f32; 2]; KC] = core::array::from_fn(|c| [xp[c][q], xp[c][q + 1]]);
+        rows_block::<2>(&x, kc, dec, mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS));
+        q += 2;
+    }
+    if q < R {
+        let x: [[*const f32; 1]; KC] = core::array::from_fn(|c| [xp[c][q]]);
+        rows_block::<1>(&x, kc, dec, mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS));
+    }
+}
+
+/// `Q` consecutive rows of `mid` (from `mid`) += their inputs `x[c][q]` times
+/// the decoded tile rows.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+/// 2. `x[c][q]` (c < kc) is valid for reads of 16 floats, `dec` holds
+///    `kc * 8 * 256` floats, and `mid` is valid for `Q * 128` floats.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_block<const Q: usize>(x: &[[*const f32; Q]; KC], kc: usize, dec: &[f32], mid: *mut f32) {
+    let mut acc = [[_mm512_setzero_ps(); BLOCK_TILES]; Q];
+    for (q, a) in acc.iter_mut().enumerate() {
+        for (tl, v) in a.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(mid.add(q * BLOCK_COLS + tl * TILE));
         }
-        for c in 0..kc {
-            let d = dec.as_ptr().add((c * BLOCK_TILES + tl) * 256);
-            for r in 0..TILE {
-                let w = _mm512_loadu_ps(d.add(r * TILE));
-                for q in 0..R {
-                    acc[q] = _mm512_fmadd_ps(w, _mm512_set1_ps(*xp[c][q].add(r)), acc[q]);
+    }
+    let dec = &dec[..kc * BLOCK_TILES * 256];
+    for c in 0..kc {
+        for r in 0..TILE {
+            let xb: [__m512; Q] = core::array::from_fn(|q| _mm512_set1_ps(*x[c][q].add(r)));
+            for tl in 0..BLOCK_TILES {
+                let w = _mm512_loadu_ps(dec.as_ptr().add((c * BLOCK_TILES + tl) * 256 + r * TILE));
+                for q in 0..Q {
+                    acc[q][tl] = _mm512_fmadd_ps(w, xb[q], acc[q][tl]);
                 }
             }
         }
-        for (q, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE), *a);
+    }
+    for (q, a) in acc.iter().enumerate() {
+        for (tl, v) in a.iter().enumerate() {
+            _mm512_storeu_ps(mid.add(q * BLOCK_COLS + tl * TILE), *v);
         }
     }
 }

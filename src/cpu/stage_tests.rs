@@ -92,7 +92,7 @@ fn simd_tile_decode_is_bit_exact() {
 }
 
 /// `W [IC, OC]` read back through `Kernel::block_mid` on one-hot inputs,
-/// `per_call` rows per call (1: the GEMV; IC: the batched product).
+/// `per_call` rows per call (1: the GEMV; more: the batched product).
 fn one_hot_product(kernel: &Kernel, shape: LinearShape, code: &[i16], per_call: usize) -> Vec<f32> {
     let (ic, oc) = (shape.ic, shape.oc);
     let mut xh = vec![0f32; ic * ic];
@@ -120,7 +120,8 @@ fn fused_decode_of_every_product_is_exact() {
     for isa in Isa::all_available() {
         let kernel = Kernel::with_isa(isa).unwrap();
         for (shape, code, want) in cases() {
-            for (stage, per_call) in [("gemv", 1), ("batched", shape.ic)] {
+            // 5 rows a call: the batched kernels' row blocks and their 1-row tail.
+            for (stage, per_call) in [("gemv", 1), ("batched", shape.ic), ("batched, 5 rows a call", 5)] {
                 let got = one_hot_product(&kernel, shape, &code, per_call);
                 // A decoded -0 comes back as +0 (+0 + -0): compare values.
                 let bad = got.iter().zip(&want).position(|(g, w)| *g != w.to_f32());
