@@ -149,7 +149,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
+            job.load_ext::<K>(kt, job.block * BLOCK_TILES + tl, &mut ext);
             tile_fma::<K>(&ext, tabs, &xv, a);
         }
     }
@@ -175,7 +175,7 @@ unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out:
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let out = &mut out[..256];
     let mut ext = [0u32; EXT_WORDS];
-    job.load_ext(kt, nt, &mut ext);
+    job.load_ext::<K>(kt, nt, &mut ext);
     let mut w = [[_mm256_setzero_si256(); 2]; 4];
     for (g, wg) in w.iter_mut().enumerate() {
         let w0 = window(&ext, &tabs[0][g]);

@@ -158,7 +158,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            job.load_ext(kt, job.block * BLOCK_TILES + tl, &mut ext);
+            job.load_ext::<K>(kt, job.block * BLOCK_TILES + tl, &mut ext);
             for g in 0..8 {
                 let w = group_windows_of::<K>(&ext, g);
                 for j in 0..8 {
@@ -183,7 +183,7 @@ super::batch::tile_ops!(Neon);
 unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let mut ext = [0u32; EXT_WORDS];
     let mut lanes = [0f32; 256];
-    job.load_ext(kt, nt, &mut ext);
+    job.load_ext::<K>(kt, nt, &mut ext);
     for g in 0..8 {
         let w = group_windows_of::<K>(&ext, g);
         for j in 0..8 {
