@@ -550,3 +550,42 @@ fn quantize_writes_an_escha_hf_checkpoint() {
     let o = escha(&["quantize", bad.to_str().unwrap(), d.file("o").as_str()]);
     assert!(o.code == 1 && o.stderr.contains("q_proj") && o.stderr.contains("truncated"), "{}", o.stderr);
 }
+
+/// `--random-codes` writes the layout `escha quantize` writes for the same
+/// input (every tensor's name, type and shape, metadata included) in
+/// seconds: the coded projections get random code words, rin 1 and rout
+/// 0.02; everything else is copied byte for byte.
+#[test]
+fn quantize_random_codes_twin_has_the_real_layout() {
+    let d = TempDir::new("quantrand");
+    let mut rng = Rng::new(17);
+    let a = random(&mut rng, 128 * 128, 0.02);
+    let b = random(&mut rng, 128 * 256, 0.02);
+    let n = random(&mut rng, 128, 1.0);
+    let input = d.file("in.gguf");
+    write_gguf(&input, &[f16_tensor("blk.0.attn_q.weight", &[128, 128], &a), f16_tensor("blk.0.ffn_up.weight", &[128, 256], &b), f32_tensor("blk.0.attn_norm.weight", &[128], &n)]);
+    let (real, twin) = (d.file("real.gguf"), d.file("twin.gguf"));
+    let o = escha(&["quantize", &input, &real, "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = escha(&["quantize", &input, &twin, "--random-codes", "--no-progress"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.contains("random codes (--random-codes)"), "{}", o.stdout);
+    let (r, t) = (GgufFile::open(&real).unwrap(), GgufFile::open(&twin).unwrap());
+    let layout = |f: &GgufFile| f.tensors().iter().map(|t| (t.name.clone(), t.type_name(), t.ne)).collect::<Vec<_>>();
+    assert_eq!(layout(&r), layout(&t));
+    assert_eq!(r.get_u32("escha.format_version").unwrap(), t.get_u32("escha.format_version").unwrap());
+    for info in t.tensors() {
+        let (tb, rb) = (t.read(info).unwrap(), r.read(r.tensor(&info.name).unwrap()).unwrap());
+        if info.name.ends_with(".escha_rin") {
+            assert!(f16s(&tb).iter().all(|v| *v == f16::ONE), "{}", info.name);
+        } else if info.name.ends_with(".escha_rout") {
+            assert!(f16s(&tb).iter().all(|v| *v == f16::from_f32(0.02)), "{}", info.name);
+        } else if info.name.ends_with(".escha_code") {
+            assert_ne!(tb, rb, "{}: the twin's codes are the encoder's", info.name);
+            let words: std::collections::HashSet<&[u8]> = tb.chunks(2).collect();
+            assert!(words.len() > tb.len() / 4, "{}: {} distinct words in {} bytes: not random", info.name, words.len(), tb.len());
+        } else {
+            assert_eq!(tb, rb, "{}: not copied", info.name);
+        }
+    }
+}

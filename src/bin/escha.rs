@@ -40,7 +40,7 @@ usage:
       e.g. escha info q_proj.i16 --ic 4096 --oc 4096
 
   escha quantize IN.gguf OUT.gguf [--k2 PATTERN]... [--k3 PATTERN]... [--exclude PATTERN]...
-                 [--imatrix FILE] [--threads N] [--seed N] [--no-progress]
+                 [--imatrix FILE] [--threads N] [--seed N] [--no-progress] [--random-codes]
   escha quantize IN_DIR OUT_DIR [same options]
       Code the projections of an f16/bf16/f32 (or dequantizable) GGUF as Escha-W2
       (docs/FORMAT.md §8); everything else is copied. Given an HF checkpoint directory
@@ -52,6 +52,8 @@ usage:
       are never coded. The MTP head (HF mtp.*, written to OUT_DIR/mtp/; a GGUF's nextn
       blocks) is coded only by a pattern starting with its prefix ('mtp.*_proj.weight',
       'blk.64.*'). --imatrix: a llama-imatrix file (GGUF or legacy .dat).
+      --random-codes: for speed measurements only, a twin with the same layout whose
+      coded projections get random code words (rin 1, rout 0.02), written in seconds.
       e.g. escha quantize model-f16.gguf model-escha.gguf --imatrix imatrix.gguf
 
   escha decode IN.gguf OUT.gguf
@@ -166,7 +168,7 @@ const DECODE: Spec = Spec { name: "decode", values: &[], switches: &[], position
 const QUANTIZE: Spec = Spec {
     name: "quantize",
     values: &["--k2", "--k3", "--exclude", "--imatrix", "--threads", "--seed"],
-    switches: &["--no-progress"],
+    switches: &["--no-progress", "--random-codes"],
     positional: &["IN.gguf", "OUT.gguf"],
     repeatable: &["--k2", "--k3", "--exclude"],
 };
@@ -528,6 +530,7 @@ fn cmd_quantize(a: &Args) -> Result<ExitCode> {
     let mut opts = Options {
         rules: Rules::with_args(if input.is_dir() { Rules::hf() } else { Rules::default() }, a.all("--k2"), a.all("--k3"), a.all("--exclude")),
         show_progress: !a.has("--no-progress"),
+        random_codes: a.has("--random-codes"),
         ..Options::default()
     };
     if a.get("--threads").is_some() {

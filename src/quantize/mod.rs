@@ -35,7 +35,16 @@ pub struct Options {
     pub seed: u64,
     pub imatrix: Option<Imatrix>,
     pub show_progress: bool,
+    /// A twin for speed measurements only: every projection the rules code
+    /// gets random code words (each a valid code), `rin` 1 and `rout`
+    /// [`RANDOM_ROUT`], with no encoding (seconds, not hours, for a real
+    /// model's layout); the report's errors are then NaN.
+    pub random_codes: bool,
 }
+
+/// `rout` of a random-code twin: small enough that activations stay finite
+/// through many layers of random weights.
+pub const RANDOM_ROUT: f32 = 0.02;
 
 impl Default for Options {
     fn default() -> Self {
@@ -45,6 +54,7 @@ impl Default for Options {
             seed: 0,
             imatrix: None,
             show_progress: false,
+            random_codes: false,
         }
     }
 }
@@ -84,6 +94,8 @@ pub struct Report {
     pub out_bytes: u64,
     /// Coded tensors without an imatrix entry (when an imatrix was given).
     pub no_importance: Vec<String>,
+    /// The codes are random ([`Options::random_codes`]).
+    pub random_codes: bool,
 }
 
 /// File type of the non-coded weights (`llama_ftype`), for files that do
@@ -133,6 +145,15 @@ fn encode_tensor(
     let (mut worst, mut worst_w) = (0f64, None::<f64>);
     let (mut saturated, mut zeroed) = (0, 0);
     for e in 0..experts {
+        if opts.random_codes {
+            let mut rng = crate::rng::Rng::new(tensor_seed(opts.seed, name).wrapping_add(e as u64));
+            c.code.extend_from_slice(&rng.code(ic / 16 * (oc / 16) * 16 * k));
+            c.rin.extend(std::iter::repeat_n(f16::ONE, ic));
+            c.rout.extend(std::iter::repeat_n(f16::from_f32(RANDOM_ROUT), oc));
+            worst = f64::NAN;
+            report.random_codes = true;
+            continue;
+        }
         let imp = match &opts.imatrix {
             Some(m) => m.get(name, e, ic)?,
             None => None,
@@ -335,6 +356,9 @@ impl Report {
         }
         for (name, why) in &self.skipped {
             let _ = writeln!(s, "skipped (copied unchanged): {name}: {why}");
+        }
+        if self.random_codes {
+            let _ = writeln!(s, "random codes (--random-codes): a twin for speed measurements only, not these weights");
         }
         for c in self.coded.iter().filter(|c| c.saturated_channels + c.zeroed_channels > 0) {
             let _ = writeln!(
