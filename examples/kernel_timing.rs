@@ -4,7 +4,8 @@
 //!
 //! `cargo run --release --example kernel_timing` (ESCHA_CPU_ISA caps the path;
 //! ESCHA_TIMING_M=1,8 picks the batch sizes,
-//! ESCHA_TIMING_SKIP=2 skips the first shapes)
+//! ESCHA_TIMING_SKIP=2 skips the first shapes, ESCHA_TIMING_SHAPE=K,IC,OC times
+//! that one shape instead)
 
 use escha_ggml::cpu::{CpuLinear, Kernel};
 use escha_ggml::testutil::{RandomLinear, Rng};
@@ -14,7 +15,12 @@ fn main() {
         Ok(v) => v.split(',').map(|m| m.trim().parse().expect("ESCHA_TIMING_M: batch sizes, e.g. 1,8")).collect(),
         Err(_) => vec![1, 8, 64],
     };
-    let shapes = [(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)];
+    let mut shapes = vec![(2usize, 1024usize, 1024usize), (3, 1024, 1024), (2, 5120, 17408), (3, 17408, 5120), (3, 5120, 17408), (2, 17408, 5120)];
+    if let Ok(v) = std::env::var("ESCHA_TIMING_SHAPE") {
+        let d: Vec<usize> = v.split(',').map(|d| d.trim().parse().expect("ESCHA_TIMING_SHAPE: K,IC,OC")).collect();
+        assert!(d.len() == 3, "ESCHA_TIMING_SHAPE: K,IC,OC");
+        shapes = vec![(d[0], d[1], d[2])];
+    }
     let skip = std::env::var("ESCHA_TIMING_SKIP").map_or(0, |v| v.parse().expect("ESCHA_TIMING_SKIP: a number of shapes"));
     for &(k, ic, oc) in &shapes[skip..] {
         let mut rng = Rng::new(1);

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use escha_ggml::cpu::{CpuLinear, Kernel};
 use escha_ggml::ggml::{Backend, GgmlError, Graph};
 use escha_ggml::reference::{self, Moe, Routing};
 use escha_ggml::testutil::Rng;
@@ -42,6 +43,13 @@ fn linear_through_ggml_matches_references() {
                 let via_rust = ggml_linear(&rust, &p, &x, m).unwrap();
                 let bound = order_bound(&p.linear(), &x, m);
                 assert_within(&format!("ggml CPU k={k} {ic}x{oc} m={m}"), &via_rust, &want, &bound);
+                // The same kernels on one thread of the crate's own driver
+                // give the same bits, whatever the op's phases (one pass for
+                // m = 1, where each thread transforms the input itself).
+                let lin = CpuLinear::new(&p.linear(), Kernel::best()).unwrap();
+                let (mut xh, mut y, mut scratch) = (vec![0f32; m * ic], vec![0f32; m * oc], vec![0f32; lin.scratch_floats(m)]);
+                lin.forward_into(&x, m, &mut xh, &mut y, &mut scratch);
+                assert_eq!(f32_bits_of(&via_rust), f32_bits_of(&y), "ggml CPU k={k} {ic}x{oc} m={m}: other bits than CpuLinear");
             }
         }
     }

@@ -13,6 +13,7 @@
 #ifndef ESCHA_FFI_H
 #define ESCHA_FFI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,10 +46,15 @@ typedef struct escha_op_desc {
 /* Bytes of work buffer for a call with n_slots slots on n_threads threads. */
 size_t escha_rs_work_size(int64_t ic, int64_t oc, int64_t n_slots, int32_t n_threads);
 
+/* Whether a call with n_slots slots runs in one pass (phase 0, no barrier). */
+bool escha_rs_single_pass(int64_t n_slots);
+
 /*
  * Phase 1 (input transform, split over slots) or 2 (products and output
  * transform, split over output blocks); every thread calls phase 1, then a
- * barrier, then phase 2. wdata is the op's work buffer shared by all threads.
+ * barrier, then phase 2; or, where escha_rs_single_pass says so, phase 0
+ * alone (each thread transforms every input itself). wdata is the op's
+ * work buffer shared by all threads.
  */
 int32_t escha_rs_forward(const escha_op_desc * desc, int32_t phase, int32_t ith, int32_t nth,
                          void * wdata, size_t wsize);

@@ -20,6 +20,7 @@
 #ifdef GGML_ESCHA_NO_RUST
 static size_t escha_rs_work_size(int64_t, int64_t, int64_t, int32_t) { return 0; }
 static int32_t escha_rs_forward(const escha_op_desc *, int32_t, int32_t, int32_t, void *, size_t) { return ESCHA_RS_PANIC; }
+static bool escha_rs_single_pass(int64_t) { return false; }
 static const bool escha_have_rust = false;
 #else
 static const bool escha_have_rust = true;
@@ -117,7 +118,9 @@ extern "C" void ggml_compute_forward_escha(const ggml_compute_params * params, g
         escha_forward_ref(op, d, params->ith, params->nth);
         return;
     }
-    for (int32_t phase = 1; phase <= 2; phase++) {
+    // One pass needs no barrier: every thread transforms the inputs itself.
+    const bool single = escha_rs_single_pass(op.n_slots);
+    for (int32_t phase = single ? 0 : 1; phase <= (single ? 0 : 2); phase++) {
         const int32_t rc = escha_rs_forward(&d, phase, params->ith, params->nth, params->wdata, params->wsize);
         if (rc != ESCHA_RS_OK) {
             GGML_ABORT("%s (%s): %s", ggml_op_name(dst->op), dst->src[0]->name, escha_rs_error(rc));

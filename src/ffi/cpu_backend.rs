@@ -54,11 +54,30 @@ fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-/// Work buffer layout: `xh [slots, IC]`, then one scratch per thread.
+/// Calls with at most this many slots run in one pass (phase 0): every
+/// thread transforms all the inputs itself, so the op needs no barrier
+/// between its two phases. One row (token generation) is a few microseconds
+/// of transform, less than what the barrier and the idle threads of a
+/// one-row phase 1 cost.
+const SINGLE_PASS_MAX_SLOTS: usize = 1;
+
+/// Whether a call with `n_slots` slots runs in one pass (phase 0).
+#[no_mangle]
+pub extern "C" fn escha_rs_single_pass(n_slots: i64) -> bool {
+    (0..=SINGLE_PASS_MAX_SLOTS as i64).contains(&n_slots)
+}
+
+/// Work buffer layout `(shared xh bytes, bytes per thread, total)`: the
+/// shared `xh [slots, IC]` then one scratch per thread; in one pass each
+/// thread's share holds its own `xh` before its scratch.
 fn layout(ic: usize, n_slots: usize, n_threads: usize) -> (usize, usize, usize) {
     let xh = align_up(n_slots * ic * 4);
-    let per_thread = align_up(scratch_floats(n_slots) * 4);
-    (xh, per_thread, ALIGN + xh + n_threads * per_thread)
+    let scratch = align_up(scratch_floats(n_slots) * 4);
+    if escha_rs_single_pass(n_slots as i64) {
+        (0, xh + scratch, ALIGN + n_threads * (xh + scratch))
+    } else {
+        (xh, scratch, ALIGN + xh + n_threads * scratch)
+    }
 }
 
 fn kernel() -> Kernel {
@@ -75,7 +94,9 @@ pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads:
 }
 
 /// Runs phase `phase` (1: input transform, 2: products and output
-/// transform) of the op `desc` for thread `ith` of `nth`; returns [`OK`] or
+/// transform; 0: both, on this thread's own transformed inputs, for a call
+/// [`escha_rs_single_pass`] accepts) of the op `desc` for thread `ith` of
+/// `nth`; returns [`OK`] or
 /// an error code ([`BAD_DESC`], [`BAD_EXPERT`], [`WORK_SIZE`], [`PANIC`]).
 ///
 /// # Safety
@@ -86,7 +107,7 @@ pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads:
 /// 2. `wdata` is valid for reads and writes of `wsize` bytes.
 /// 3. `wdata` and `dst` are shared by the `nth` threads of this op and
 ///    nothing else: each calls phase 1 with its own `ith`, all synchronise,
-///    then each calls phase 2.
+///    then each calls phase 2 (or each calls phase 0 alone).
 #[no_mangle]
 pub unsafe extern "C" fn escha_rs_forward(desc: *const EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> i32 {
     // SAFETY: `&*desc` by 1.; `forward`'s 1. to 3. are our 1. to 3.
@@ -213,7 +234,7 @@ unsafe fn view<'a>(d: &'a EschaOpDesc) -> Result<View<'a>, i32> {
 /// 2. A non-null `wdata` is valid for reads and writes of `wsize` bytes.
 /// 3. `wdata` and `dst` are shared by the `nth` threads of this op and
 ///    nothing else: each calls phase 1 with its own `ith`, all synchronise,
-///    then each calls phase 2.
+///    then each calls phase 2 (or each calls phase 0 alone).
 unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u8, wsize: usize) -> Result<(), i32> {
     if nth <= 0 || ith < 0 || ith >= nth || d.dst.is_null() {
         return Err(BAD_DESC);
@@ -230,6 +251,26 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     }
     let base = wdata.add(wdata.align_offset(ALIGN));
     let xh = base as *mut f32;
+    if (phase == 0) != escha_rs_single_pass(n as i64) {
+        return Err(BAD_DESC);
+    }
+    if phase == 0 {
+        // This thread's share: its own xh of all slots, then its scratch.
+        let own = base.add(ith * per_thread);
+        let xh_own = own as *mut f32;
+        let xh_own_bytes = per_thread - align_up(scratch_floats(n) * 4);
+        // SAFETY (transform_input_shared's list, as one thread of one): 1.
+        // `xh_own` holds n * IC floats inside this thread's share of
+        // `wdata` (`wsize >= need`); 2. and 3. nothing else uses that share.
+        engine.transform_input_shared(&v.slots, xh_own, 0, 1);
+        let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
+        let xh = std::slice::from_raw_parts(xh_own as *const f32, n * ic);
+        let scratch = std::slice::from_raw_parts_mut(own.add(xh_own_bytes) as *mut f32, (per_thread - xh_own_bytes) / 4);
+        // SAFETY (compute_shared's list): as in phase 2, with this thread's
+        // own transformed inputs.
+        engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
+        return Ok(());
+    }
     match phase {
         // SAFETY (transform_input_shared's list): 1. `xh` is the first
         // `n * IC` floats of `wdata` (`wsize >= need`, checked); 2. and 3. by
