@@ -25,6 +25,9 @@
 #     bash hip/device-build.sh configure && { bash hip/device-bench.sh mutant-objects & bash hip/device-build.sh; wait; } && bash hip/device-bench.sh mutants
 #   decode   the decode-once kernel (the dense BLAS path) against the C
 #            reference bit for bit on this GPU, and its time (needs only nvcc)
+#   decode-variants  store-pattern variants of that kernel (hip/bench/
+#            escha-decode-variants.cu) timed against it and the write
+#            roofline, each bit for bit equal to it (needs only nvcc)
 #   perf     test-backend-ops perf: escha ops (shipped plan, BLAS path off,
 #            BLAS path always) and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16
 #            weights of the same shapes
@@ -248,6 +251,18 @@ for step in "$@"; do
             || { tail -n 20 "$out/decode-check-build.log"; die "decode: building the check failed"; }
         .device-build/escha-decode-check | tee "$out/decode-check.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "decode: weights differ from the C reference" ;;
+    decode-variants)
+        # Store-pattern variants of the decode-once kernel (16-byte stores
+        # after a quad transpose, warp and block tile orders, a shared-memory
+        # staged row writer) against the shipped kernel, bit for bit, with
+        # cudaMemset and a plain store loop as the write roofline.
+        export PATH=/usr/local/cuda/bin:$PATH
+        mkdir -p .device-build
+        nvcc -std=c++17 -O3 -arch=sm_90 -Iggml-escha/include -o .device-build/escha-decode-variants \
+            hip/bench/escha-decode-variants.cu > "$out/decode-variants-build.log" 2>&1 \
+            || { tail -n 20 "$out/decode-variants-build.log"; die "decode-variants: building failed"; }
+        .device-build/escha-decode-variants | tee "$out/decode-variants.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || die "decode-variants: a variant differs from the shipped kernel" ;;
     gen|models)
         S=hip/synthetic-qwen35.py
         if has dense; then
