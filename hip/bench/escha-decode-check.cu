@@ -6,29 +6,12 @@
 // per call against the memory roofline (2-bit code read, f16 written).
 // Needs only nvcc (no ggml build); hip/device-bench.sh decode builds and
 // runs it. Exit status 1 when any weight differs.
-#include <cuda_fp16.h>
+#include "standalone-kernels.cuh"
 
-#include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
-#define GGML_UNUSED(x) (void) (x)
-#define NO_DEVICE_CODE __trap()
-#define GGML_CUDA_CC_AMPERE 800
-
-#include "../escha-kernels.cuh"
-
 #include "escha_ref.h"
-
-#define CHECK(x)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 static void launch(int k, const uint32_t * code, half * w, int KT, int NT, unsigned blocks) {
     escha_consts dc;

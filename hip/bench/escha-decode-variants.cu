@@ -3,28 +3,11 @@
 // (itself checked against the C reference by escha-decode-check.cu), with
 // the card's plain write bandwidth (cudaMemset, a uint4 store loop) as the
 // roofline. Exit status 1 when a variant differs.
-#include <cuda_fp16.h>
+#include "standalone-kernels.cuh"
 
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
-
-#define GGML_UNUSED(x) (void) (x)
-#define NO_DEVICE_CODE __trap()
-#define GGML_CUDA_CC_AMPERE 800
-
-#include "../escha-kernels.cuh"
-
-#define CHECK(x)                                                                                       \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-            exit(2);                                                                                   \
-        }                                                                                              \
-    } while (0)
 
 // Lane q of each quad ends with word j = lane j's b[q] (a 4x4 transpose in
 // two xor steps), so lane q holds 8 consecutive halves of one row.
