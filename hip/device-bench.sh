@@ -25,6 +25,9 @@
 #     bash hip/device-build.sh configure && { bash hip/device-bench.sh mutant-objects & bash hip/device-build.sh; wait; } && bash hip/device-bench.sh mutants
 #   decode   the decode-once kernel (the dense BLAS path) against the C
 #            reference bit for bit on this GPU, and its time (needs only nvcc)
+#   mtp      the dense 27B shape with an always-agreeing MTP head, escha
+#            and Q4_K_M: tg128, pp2-pp5 (verify windows) and llama-cli
+#            greedy generation with and without --spec-type draft-mtp
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
@@ -263,6 +266,37 @@ for step in "$@"; do
             || { tail -n 20 "$out/decode-variants-build.log"; die "decode-variants: building failed"; }
         .device-build/escha-decode-variants | tee "$out/decode-variants.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "decode-variants: a variant differs from the shipped kernel" ;;
+    mtp)
+        # The MTP head: the dense 27B shape (DENSE_LAYERS layers) with a head
+        # whose drafts always agree (synthetic-qwen35.py --mtp --agree: the
+        # best case), escha and its Q4_K_M twin (head included, quantized by
+        # llama-quantize): plain decoding (tg128), verify windows of 2-5
+        # tokens (pp2-pp5), and greedy llama-cli generation without and with
+        # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
+        # Needs llama-cli (bash hip/device-build.sh llama-cli).
+        [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
+        S=hip/synthetic-qwen35.py
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree -o $M/mtp-escha.gguf
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 --mtp --agree -o $M/mtp-f16.gguf
+        $B/llama-quantize $M/mtp-f16.gguf $M/mtp-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
+            || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
+        rm -f $M/mtp-f16.gguf
+        for m in escha q4km; do
+            $B/llama-bench -m $M/mtp-$m.gguf -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
+                || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
+            grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
+            for spec in plain draft-mtp; do
+                log=$out/mtp-cli-$m-$spec
+                $B/llama-cli -m $M/mtp-$m.gguf -ngl 99 -p "t5 t6 t7" -n 256 -st --temp 0 --reasoning off \
+                    $([ $spec = draft-mtp ] && echo --spec-type draft-mtp) -lv 3 </dev/null > "$log.txt" 2> "$log.err" \
+                    || die "mtp: llama-cli $m $spec failed ($log.err)"
+                gen=$(grep -o "Generation: [0-9.]* t/s" "$log.txt" | tail -n 1)
+                [ -n "$gen" ] || die "mtp: llama-cli $m $spec printed no generation speed ($log.txt)"
+                acc=$(grep -o "draft acceptance = .*" "$log.err" | tail -n 1 || true)
+                [ $spec = plain ] || [ -n "$acc" ] || die "mtp: llama-cli $m drafted nothing ($log.err)"
+                echo "$m $spec: $gen${acc:+; $acc}"
+            done
+        done ;;
     gen|models)
         S=hip/synthetic-qwen35.py
         if has dense; then

@@ -16,6 +16,19 @@ and, with --imatrix, a uniform importance matrix for the f16 twin (the
 IQ2 types refuse to quantize without one). Values are random, so only
 speed means anything. Pure Python, no numpy: runs anywhere python3 does.
 
+--mtp (dense) adds the MTP head as llama.cpp's converter writes it: one more
+block (block_count + 1, nextn_predict_layers 1), a full-attention decoder
+layer plus nextn.eh_proj / enorm / hnorm / shared_head_norm, every matrix
+F16 (the export ships the head fp16 and escha quantize keeps it so).
+--agree makes trunk and head predict the same token at every step, the best
+case of speculative decoding: every token embedding has 1000 at dim 0 over
+small values elsewhere, the output norm and the head's norm keep dim 0 only,
+eh_proj is the constant 16 (each of its outputs is 16x the sum of two
+normalised vectors dominated by their positive dim 0), and every other
+matrix is small; so the final hidden state's dim 0 is positive on both
+paths, and both pick the one token whose output row is positive at dim 0
+(the last; the others have 0 there).
+
   python3 hip/synthetic-qwen35.py --model dense27b --layers 16 --weights escha -o d-escha.gguf
   python3 hip/synthetic-qwen35.py --model dense27b --layers 16 --weights f16 -o d-f16.gguf --imatrix d.imatrix
   llama-quantize --imatrix d.imatrix d-f16.gguf d-iq2xxs.gguf IQ2_XXS
@@ -155,7 +168,15 @@ def const_f32(v):
     return lambda out, n: out.write(struct.pack("<f", v) * (n // 4))
 
 
-def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0"):
+def f16_bits(v):
+    return struct.unpack("<H", struct.pack("<e", v))[0]
+
+
+def one_hot_f32(out, n):
+    out.write(struct.pack("<f", 1.0) + b"\0" * (n - 4))
+
+
+def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False):
     m = dict(MODELS[model])
     rout_bits = struct.unpack("<H", struct.pack("<e", rout))[0]
     arch = m["arch"]
@@ -171,7 +192,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     g.add("general.architecture", T_STR, arch)
     g.add("general.name", T_STR, "synthetic %s, %d of %d layers, %s" % (model, n_layer, m["n_layer"], weights))
     g.add("general.file_type", T_U32, 1 if weights == "f16" else 7)
-    g.add(arch + ".block_count", T_U32, n_layer)
+    g.add(arch + ".block_count", T_U32, n_layer + (1 if mtp else 0))
+    if mtp:
+        g.add(arch + ".nextn_predict_layers", T_U32, 1)
     g.add(arch + ".context_length", T_U32, 262144)
     g.add(arch + ".embedding_length", T_U32, H)
     g.add(arch + ".feed_forward_length", T_U32, m.get("n_ff", 0))
@@ -212,10 +235,12 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     def vec(name, n, value=1.0):
         g.tensor(name, [n], F32, const_f32(value))
 
+    twin_values = pool.tame if agree else pool.f16
+
     def dense_matrix(name, ne):
         """A non-coded matrix: F16 in the twin, Q8_0 in the escha model."""
         if weights == "f16":
-            g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.f16, n, out))
+            g.tensor(name, ne, F16, lambda out, n: pool.stream(twin_values, n, out))
             if not name.startswith(("token_embd", "output")):
                 imat.append((name, ne[0], ne[2] if len(ne) > 2 else 1))
         elif plain == "f16":
@@ -227,7 +252,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         """A projection the real checkpoints code (ic -> oc, K bits)."""
         ne = [ic, oc] + ([n_exp] if n_exp else [])
         if weights == "f16":
-            g.tensor(stem + ".weight", ne, F16, lambda out, n: pool.stream(pool.f16, n, out))
+            g.tensor(stem + ".weight", ne, F16, lambda out, n: pool.stream(twin_values, n, out))
             imat.append((stem + ".weight", ic, n_exp or 1))
             return
         e = [n_exp] if n_exp else []
@@ -237,9 +262,49 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         g.tensor(stem + ".escha_s_in", [ic] + e, F32, const_f32(1.0))
         g.tensor(stem + ".escha_s_out", [oc] + e, F32, const_f32(1.0))
 
-    dense_matrix("token_embd.weight", [H, nv])
-    vec("output_norm.weight", H)
-    dense_matrix("output.weight", [H, nv])
+    def head_matrix(name, ne):
+        """An MTP-head matrix: F16 in both models."""
+        g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame if agree or weights == "escha" else pool.f16, n, out))
+        if weights == "f16":
+            imat.append((name, ne[0], 1))
+
+    def embeddings(out, n):
+        """--agree: 1000 at dim 0 of every row over small values (the rest
+        of a Q8_0 row's first block zero)."""
+        rows = n // (2 * H if weights == "f16" else H // 32 * 34)
+        if weights == "f16":
+            head = struct.pack("<H", f16_bits(1000.0))
+            for _ in range(rows):
+                out.write(head)
+                pool.stream(pool.tame, 2 * (H - 1), out)
+        else:
+            head = struct.pack("<H", f16_bits(1000.0 / 127)) + bytes([127]) + b"\0" * 31
+            for _ in range(rows):
+                out.write(head)
+                q8_0_rows(pool, H // 32 - 1, out)
+
+    def output_rows(out, n):
+        """--agree: dim 0 of the output matrix is 0 in every row but the
+        last token's, where it is the largest value: with the norms keeping
+        dim 0 only, that token wins on both paths (no ties to break)."""
+        rows = n // (2 * H if weights == "f16" else H // 32 * 34)
+        for r in range(rows):
+            top = r == rows - 1
+            if weights == "f16":
+                out.write(struct.pack("<H", f16_bits(1.0 if top else 0.0)))
+                pool.stream(pool.tame, 2 * (H - 1), out)
+            else:
+                out.write(struct.pack("<H", f16_bits(1.0 / 128)) + bytes([127 if top else 0]) + pool.raw[:31])
+                q8_0_rows(pool, H // 32 - 1, out)
+
+    if agree:
+        g.tensor("token_embd.weight", [H, nv], F16 if weights == "f16" else Q8_0, embeddings)
+        g.tensor("output_norm.weight", [H], F32, one_hot_f32)
+        g.tensor("output.weight", [H, nv], F16 if weights == "f16" else Q8_0, output_rows)
+    else:
+        dense_matrix("token_embd.weight", [H, nv])
+        vec("output_norm.weight", H)
+        dense_matrix("output.weight", [H, nv])
     n_q = m["n_head"] * hd
     n_kv = m["n_head_kv"] * hd
     for il in range(n_layer):
@@ -276,6 +341,30 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
             dense_matrix(b + "ffn_up_shexp.weight", [H, m["n_ff_shexp"]])
             dense_matrix(b + "ffn_down_shexp.weight", [m["n_ff_shexp"], H])
 
+    if mtp:
+        b = "blk.%d." % n_layer
+        vec(b + "attn_norm.weight", H)
+        vec(b + "post_attention_norm.weight", H)
+        head_matrix(b + "attn_q.weight", [H, 2 * n_q])
+        head_matrix(b + "attn_k.weight", [H, n_kv])
+        head_matrix(b + "attn_v.weight", [H, n_kv])
+        head_matrix(b + "attn_output.weight", [n_q, H])
+        vec(b + "attn_q_norm.weight", hd)
+        vec(b + "attn_k_norm.weight", hd)
+        head_matrix(b + "ffn_gate.weight", [H, m["n_ff"]])
+        head_matrix(b + "ffn_up.weight", [H, m["n_ff"]])
+        head_matrix(b + "ffn_down.weight", [m["n_ff"], H])
+        if agree:
+            g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], F16, const_f16(f16_bits(16.0)))
+        else:
+            head_matrix(b + "nextn.eh_proj.weight", [2 * H, H])
+        vec(b + "nextn.enorm.weight", H)
+        vec(b + "nextn.hnorm.weight", H)
+        if agree:
+            g.tensor(b + "nextn.shared_head_norm.weight", [H], F32, one_hot_f32)
+        else:
+            vec(b + "nextn.shared_head_norm.weight", H)
+
     g.write(out_path)
 
     if imatrix_path:
@@ -303,8 +392,13 @@ def main():
                     help="the escha model's non-coded matrices: Q8_0 as the exports (default), or F16 with values "
                          "of magnitude 1/16..1/8, for logit comparisons (llama.cpp quantizes the activations in front "
                          "of Q8_0 weights, which turns rounding differences into flipped values)")
+    ap.add_argument("--mtp", action="store_true", help="add the MTP head (dense only)")
+    ap.add_argument("--agree", action="store_true",
+                    help="trunk and MTP head predict the same token at every step (the best case of drafting)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
+    if a.mtp and "n_expert" in MODELS[a.model]:
+        sys.exit("--mtp: the 35B-A3B export ships no usable MTP head (it has no routed experts for it)")
     n_layer = a.layers or MODELS[a.model]["n_layer"]
     if n_layer % 4 != 0:
         sys.exit("--layers must be a multiple of 4 (one attention layer per four)")
@@ -314,7 +408,7 @@ def main():
             if k in m:
                 m[k] //= a.shrink
         m["n_vocab"] = 4096
-    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain)
+    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain, a.mtp, a.agree)
 
 
 if __name__ == "__main__":
