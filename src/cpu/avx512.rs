@@ -398,11 +398,9 @@ unsafe fn rows_block<const Q: usize>(x: &[[*const f32; Q]; KC], kc: usize, dec: 
 mod tests {
     use super::*;
     use crate::cpu::dispatch::Isa;
-    use half::f16;
 
-    /// Every one of the 65536 states through [`pair_fp16_scaled`] is the
-    /// contract's codebook value (the two f16 halves of the hash added with
-    /// one rounding, here by the `half` crate) times 2^-112, bit for bit:
+    /// Every one of the 65536 states through [`pair_fp16_scaled`] is the C
+    /// reference's codebook value (`cref::cb_half`) times 2^-112, bit for bit:
     /// the bit trick needs every such sum to be zero or normal. K=2 pair 3
     /// is states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
     /// gives state `s` (value 7) and `s >> 2` (value 6).
@@ -412,11 +410,7 @@ mod tests {
             println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI or FP16");
             return;
         }
-        let want = |s: u32| {
-            let r = (s.wrapping_mul(CBA_MUL) & CBA_MASK) ^ CBA_XOR;
-            let v = f16::from_bits(r as u16) + f16::from_bits((r >> 16) as u16);
-            (v.to_f32() / F16_TO_F32_SCALE).to_bits()
-        };
+        let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
         for s0 in (0..1u32 << 16).step_by(16) {
             let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
             let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);

@@ -67,16 +67,26 @@ pub extern "C" fn escha_rs_single_pass(n_slots: i64) -> bool {
     (0..=SINGLE_PASS_MAX_SLOTS as i64).contains(&n_slots)
 }
 
-/// Work buffer layout `(shared xh bytes, bytes per thread, total)`: the
-/// shared `xh [slots, IC]` then one scratch per thread; in one pass each
-/// thread's share holds its own `xh` before its scratch.
-fn layout(ic: usize, n_slots: usize, n_threads: usize) -> (usize, usize, usize) {
-    let xh = align_up(n_slots * ic * 4);
-    let scratch = align_up(scratch_floats(n_slots) * 4);
-    if escha_rs_single_pass(n_slots as i64) {
-        (0, xh + scratch, ALIGN + n_threads * (xh + scratch))
-    } else {
-        (xh, scratch, ALIGN + xh + n_threads * scratch)
+/// Work buffer layout, in bytes: a shared `xh [slots, IC]` (none in one
+/// pass), then per thread its own `xh` (one pass only) and its scratch.
+struct Layout {
+    shared_xh: usize,
+    own_xh: usize,
+    scratch: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(ic: usize, n_slots: usize, n_threads: usize) -> Self {
+        let xh = align_up(n_slots * ic * 4);
+        let scratch = align_up(scratch_floats(n_slots) * 4);
+        let (shared_xh, own_xh) = if escha_rs_single_pass(n_slots as i64) { (0, xh) } else { (xh, 0) };
+        Layout { shared_xh, own_xh, scratch, total: ALIGN + shared_xh + n_threads * (own_xh + scratch) }
+    }
+
+    /// Offset of thread `ith`'s share (its own `xh`, then its scratch).
+    fn thread(&self, ith: usize) -> usize {
+        self.shared_xh + ith * (self.own_xh + self.scratch)
     }
 }
 
@@ -90,7 +100,7 @@ pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads:
     if ic <= 0 || n_slots < 0 || n_threads <= 0 {
         return 0;
     }
-    layout(ic as usize, n_slots as usize, n_threads as usize).2
+    Layout::new(ic as usize, n_slots as usize, n_threads as usize).total
 }
 
 /// Runs phase `phase` (1: input transform, 2: products and output
@@ -245,8 +255,8 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     let engine = CpuEngine::new_unchecked(&v.moe, kernel());
     let n = v.slots.len();
     let ic = d.ic as usize;
-    let (xh_bytes, per_thread, need) = layout(ic, n, nth);
-    if wdata.is_null() || wsize < need {
+    let lay = Layout::new(ic, n, nth);
+    if wdata.is_null() || wsize < lay.total {
         return Err(WORK_SIZE);
     }
     let base = wdata.add(wdata.align_offset(ALIGN));
@@ -256,16 +266,16 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     }
     if phase == 0 {
         // This thread's share: its own xh of all slots, then its scratch.
-        let own = base.add(ith * per_thread);
+        let own = base.add(lay.thread(ith));
         let xh_own = own as *mut f32;
-        let xh_own_bytes = per_thread - align_up(scratch_floats(n) * 4);
         // SAFETY (transform_input_shared's list, as one thread of one): 1.
         // `xh_own` holds n * IC floats inside this thread's share of
-        // `wdata` (`wsize >= need`); 2. and 3. nothing else uses that share.
+        // `wdata` (`wsize >= lay.total`); 2. and 3. nothing else uses that
+        // share.
         engine.transform_input_shared(&v.slots, xh_own, 0, 1);
         let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
         let xh = std::slice::from_raw_parts(xh_own as *const f32, n * ic);
-        let scratch = std::slice::from_raw_parts_mut(own.add(xh_own_bytes) as *mut f32, (per_thread - xh_own_bytes) / 4);
+        let scratch = std::slice::from_raw_parts_mut(own.add(lay.own_xh) as *mut f32, lay.scratch / 4);
         // SAFETY (compute_shared's list): as in phase 2, with this thread's
         // own transformed inputs.
         engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
@@ -273,7 +283,7 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     }
     match phase {
         // SAFETY (transform_input_shared's list): 1. `xh` is the first
-        // `n * IC` floats of `wdata` (`wsize >= need`, checked); 2. and 3. by
+        // `n * IC` floats of `wdata` (`wsize >= lay.total`, checked); 2. and 3. by
         // our 3.
         1 => engine.transform_input_shared(&v.slots, xh, ith, nth),
         2 => {
@@ -282,7 +292,7 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
             // phase 2 only reads them; the scratch of thread `ith` lies past
             // `xh` inside `wdata` and is its own.
             let xh = std::slice::from_raw_parts(xh as *const f32, n * ic);
-            let scratch = std::slice::from_raw_parts_mut(base.add(xh_bytes + ith * per_thread) as *mut f32, per_thread / 4);
+            let scratch = std::slice::from_raw_parts_mut(base.add(lay.thread(ith)) as *mut f32, lay.scratch / 4);
             // SAFETY (compute_shared's list): 1. `dst` holds slots * OC
             // floats (our 1.); 2. the same groups on every thread, from
             // `ExpertGroups::new`; 3. and 4. by our 3.

@@ -162,7 +162,7 @@ pub fn quantize_hf(input: &Path, output: &Path, opts: &Options) -> anyhow::Resul
                 continue;
             };
             progress.set_label(&t.name);
-            let c = encode_tensor(&t.name, t.dtype.to_lowercase(), &t.read_f32()?, (k, ic, oc, experts), opts, &progress, &mut report)?;
+            let c = encode_tensor(&t.name, t.dtype.to_lowercase(), || t.read_f32(), (k, ic, oc, experts), opts, &progress, &mut report)?;
             let p = plan::stem(&t.name);
             let config: Vec<i32> = if t.shape.len() == 3 {
                 moe = true;

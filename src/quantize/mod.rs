@@ -130,11 +130,13 @@ struct CodedTensor {
     rout: Vec<f16>,
 }
 
-/// Codes `w` (`experts` matrices `[OC, IC]`) and records it in `report`.
+/// Codes the weights `read` gives (`experts` matrices `[OC, IC]`) and
+/// records it in `report`; random codes need no weights, so `read` is then
+/// not called.
 fn encode_tensor(
     name: &str,
     source_type: String,
-    w: &[f32],
+    read: impl FnOnce() -> anyhow::Result<Vec<f32>>,
     (k, ic, oc, experts): (usize, usize, usize, usize),
     opts: &Options,
     progress: &Progress,
@@ -144,6 +146,7 @@ fn encode_tensor(
     let mut c = CodedTensor { code: Vec::new(), rin: Vec::new(), rout: Vec::new() };
     let (mut worst, mut worst_w) = (0f64, None::<f64>);
     let (mut saturated, mut zeroed) = (0, 0);
+    let w = if opts.random_codes { Vec::new() } else { read()? };
     for e in 0..experts {
         if opts.random_codes {
             let mut rng = crate::rng::Rng::new(tensor_seed(opts.seed, name).wrapping_add(e as u64));
@@ -299,7 +302,7 @@ pub fn quantize_gguf(input: &Path, output: &Path, opts: &Options) -> anyhow::Res
                 continue;
             };
             progress.set_label(&t.name);
-            let c = encode_tensor(&t.name, t.type_name(), &src.read_f32(t)?, (k, ic, oc, experts), opts, &progress, &mut report)?;
+            let c = encode_tensor(&t.name, t.type_name(), || Ok(src.read_f32(t)?), (k, ic, oc, experts), opts, &progress, &mut report)?;
             let stem = plan::stem(&t.name);
             out.write_tensor(&format!("{stem}.escha_code"), as_bytes(&c.code))?;
             out.write_tensor(&format!("{stem}.escha_rin"), as_bytes(&c.rin))?;
