@@ -277,47 +277,81 @@ static __device__ __forceinline__ void escha_decode_lane(const uint32_t * __rest
 
 // ---- decode once (the BLAS path) ----------------------------------------------
 
+// Orders a warp's shared-memory writes before its lanes read each other's.
+// On AMD a wavefront runs in lock step: only the compiler's order matters,
+// held by fences around a wave barrier.
+static __device__ __forceinline__ void escha_syncwarp() {
+#if defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+    __syncwarp();
+#endif
+}
+
+// The decode-once kernel's unit of work: 8 consecutive tiles along IC of one
+// 16-channel output group (a 16 x 128 piece of w), staged in a warp's own
+// shared rows (+4 words a row against bank conflicts).
+static constexpr int ESCHA_DECODE_KT   = 8;
+static constexpr int ESCHA_DECODE_SROW = ESCHA_DECODE_KT * 8 + 4;
+
 // Decodes a whole weight (one expert's code) into f16, w[oc][ic]: each
 // output channel's IC weights contiguous, the A operand of a TN GEMM
 // (cuBLAS / hipBLAS OP_T, lda = IC) whose product with xh is mid. Every
 // value is the contract's weight bit for bit (the same lane decode as the
-// multiply kernels). Warps take tiles in code order, so consecutive warps
-// read consecutive code; lane L writes its 4 half2 words to rows L/4 and
-// L/4 + 8 of the tile's 16 output channels, k pairs kq and kq + 8, so the
-// four lanes of a quad fill one 32-byte sector of each of their two rows.
-// Grid: any number of blocks (a warp loops over the tiles it owns).
+// multiply kernels). A warp takes a unit (consecutive warps the units of
+// consecutive output groups, so they read adjacent code), decodes its tiles
+// into shared rows (lane L's 4 half2 words: rows L/4 and L/4 + 8, k pairs
+// kq and kq + 8), then writes each of the 16 rows' 256 bytes with 16-byte
+// stores: whole lines, where storing each lane's words straight from the
+// fragment layout wrote 4-byte pieces of 32-byte sectors and ran at a third
+// of the card's write bandwidth. Grid: any number of blocks (a warp loops
+// over the units it owns); escha_decode_blocks gives one unit a warp.
 template <int K>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
         const uint32_t * __restrict__ code, half * __restrict__ w, const int KT, const int NT, const escha_consts dc) {
-    constexpr int W = 8 * K;
-    const int lane = threadIdx.x % ESCHA_LANES;
+    constexpr int W = 8 * K, SROW = ESCHA_DECODE_SROW;
+    __shared__ uint32_t stage[ESCHA_WARPS][16 * SROW];
+    const int lane = threadIdx.x % ESCHA_LANES, wi = threadIdx.x / ESCHA_LANES;
+    uint32_t * s = stage[wi];
     const escha_lane_bits<K> lb(lane);
     const int64_t IC = (int64_t) KT * 16;
-    const int n = lane / 4, kq = (lane % 4) * 2;
-    const int64_t n_tiles = (int64_t) KT * NT;
+    const int n = lane / 4, q = lane % 4;
+    const int64_t units = (int64_t) ((KT + ESCHA_DECODE_KT - 1) / ESCHA_DECODE_KT) * NT;
     const int64_t warps = (int64_t) gridDim.x * ESCHA_WARPS;
-    for (int64_t i = (int64_t) blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES; i < n_tiles; i += warps) {
-        const int64_t kt = i / NT, nt = i % NT;
-        uint32_t b[4];
-        escha_decode_lane<K>(code + i * W, lb, dc, b);
-        uint32_t * lo = (uint32_t *) (w + (nt * 16 + n) * IC + kt * 16 + kq);
-        uint32_t * hi = (uint32_t *) (w + (nt * 16 + n + 8) * IC + kt * 16 + kq);
-        lo[0] = b[0]; // k kq, kq+1 of output n
-        lo[4] = b[1]; // k kq+8, kq+9
-        hi[0] = b[2]; // the same of output n + 8
-        hi[4] = b[3];
+    for (int64_t g = (int64_t) blockIdx.x * ESCHA_WARPS + wi; g < units; g += warps) {
+        const int64_t nt = g % NT, k0 = (g / NT) * ESCHA_DECODE_KT;
+        const int nk = (int) min((int64_t) ESCHA_DECODE_KT, (int64_t) KT - k0);
+        for (int t = 0; t < nk; t++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(code + ((k0 + t) * NT + nt) * W, lb, dc, b);
+            s[n * SROW + t * 8 + q]           = b[0]; // k kq, kq+1 of output n
+            s[n * SROW + t * 8 + 4 + q]       = b[1]; // k kq+8, kq+9
+            s[(n + 8) * SROW + t * 8 + q]     = b[2]; // the same of output n + 8
+            s[(n + 8) * SROW + t * 8 + 4 + q] = b[3];
+        }
+        escha_syncwarp();
+        const int chunks = nk * 2; // 16-byte chunks a row
+        for (int c = lane; c < 16 * chunks; c += ESCHA_LANES) {
+            const int r = c / chunks, ch = c % chunks;
+            const uint4 v = *(const uint4 *) (s + r * SROW + ch * 4);
+            *(uint4 *) (w + (nt * 16 + r) * IC + k0 * 16 + ch * 8) = v;
+        }
+        escha_syncwarp(); // the rows are read before the next unit overwrites them
     }
 }
 
 // The decode-once kernel of a K (both share one signature) and the grid
-// every caller launches it on: 8 tiles a warp, enough work per block to hide
-// its start.
+// every caller launches it on: one unit a warp (more per warp measured
+// slower on the H200).
 using escha_decode_fn = void (*)(const uint32_t *, half *, int, int, escha_consts);
 static inline escha_decode_fn escha_decode_kernel_for(const int K) {
     return K == 2 ? escha_decode_kernel<2> : escha_decode_kernel<3>;
 }
-static inline int64_t escha_decode_blocks(const int64_t tiles) {
-    return (tiles + 8 * ESCHA_WARPS - 1) / (8 * ESCHA_WARPS);
+static inline int64_t escha_decode_blocks(const int KT, const int NT) {
+    const int64_t units = (int64_t) ((KT + ESCHA_DECODE_KT - 1) / ESCHA_DECODE_KT) * NT;
+    return (units + ESCHA_WARPS - 1) / ESCHA_WARPS;
 }
 
 // ---- the decode-and-multiply kernel -----------------------------------------

@@ -112,7 +112,7 @@ static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K,
     ggml_cuda_pool_alloc<half> w(ctx.pool(), (size_t) a.IC * a.OC);
     escha_consts dc;
     escha_consts_fill(dc);
-    const int64_t blocks = escha_decode_blocks((int64_t) a.KT * a.NT);
+    const int64_t blocks = escha_decode_blocks(a.KT, a.NT);
     GGML_ASSERT(blocks < INT32_MAX && a.n_rows < INT32_MAX);
     escha_decode_kernel_for(K)<<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
     CUDA_CHECK(cudaGetLastError());

@@ -121,11 +121,11 @@ CUDA_KERNEL = [
          "ub ^ ((uint32_t) ((st[2 * q + 1] & 255) == 90) << 16), 0x7610);"),
     ], "cuda_shim", "codebook one f16 ulp off for 1/256 of the states ((s & 255) == 90)"),
     M("cuda-decode-once-skip", "fast", CUH,
-      "i < n_tiles; i += warps) {", "i < n_tiles - 1; i += warps) {",
-      "cuda_shim", "the decode-once kernel (BLAS path) leaves a weight's last tile unwritten"),
+      "g < units; g += warps) {", "g < units - 1; g += warps) {",
+      "cuda_shim", "the decode-once kernel (BLAS path) leaves a weight's last 8 tiles unwritten"),
     Mutant("cuda-decode-once-rows", "fast", CUH, [
-        ("        lo[4] = b[1]; // k kq+8, kq+9\n", "        lo[4] = b[2];\n"),
-        ("        hi[0] = b[2]; // the same of output n + 8\n", "        hi[0] = b[1];\n"),
+        ("= b[1]; // k kq+8, kq+9\n", "= b[2];\n"),
+        ("= b[2]; // the same of output n + 8\n", "= b[1];\n"),
     ], "cuda_shim", "the decode-once kernel swaps a lane's k+8 pair of output n with the k pair of output n+8"),
     M("cuda-xh-trunc", "fast", CUH,
       "xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));",
@@ -253,6 +253,15 @@ MUTANTS = CUDA_KERNEL + [
     M("decode-expert0-scales", "fast", "src/quantize/decode.rs",
       "if let Some(si) = slice(self.s_in, ic, x) {", "if let Some(si) = slice(self.s_in, ic, 0) {",
       "quantize", "`escha decode`: every expert folded with expert 0's s_in"),
+]
+
+# The decode-once kernel's warp barrier: caught in the shim, where lanes run
+# only to a barrier; on a GPU the warp usually runs converged and the race
+# need not show, so it is not a GPU mutant.
+MUTANTS += [
+    M("cuda-decode-once-sync", "fast", CUH,
+      "        escha_syncwarp();\n        const int chunks", "        const int chunks",
+      "cuda_shim", "the decode-once kernel writes its staged rows before every lane has staged its words"),
 ]
 
 # Group e2e (slow: each mutant rebuilds the tools and runs the whole Qwen3.5

@@ -39,7 +39,7 @@ static int64_t check(int k, int64_t ic, int64_t oc, bool one_block, bool timed) 
     CHECK(cudaMalloc(&d_w, (size_t) ic * oc * 2));
     CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(d_w, 0xFF, (size_t) ic * oc * 2)); // NaN: a weight never written shows
-    const unsigned blocks = one_block ? 1u : (unsigned) escha_decode_blocks((int64_t) KT * NT);
+    const unsigned blocks = one_block ? 1u : (unsigned) escha_decode_blocks(KT, NT);
     launch(k, (const uint32_t *) d_code, d_w, KT, NT, blocks);
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpy(got.data(), d_w, got.size() * 2, cudaMemcpyDeviceToHost));

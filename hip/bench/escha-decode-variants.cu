@@ -77,37 +77,25 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) v_quad_warp8(const uint3
     }
 }
 
-// 4: a warp decodes 8 consecutive kt of one nt into its own shared rows,
-// then writes each row's 256 bytes with 16-byte stores (two rows a store).
-static constexpr int SROW = 8 * 8 + 4; // words a staged row: 8 tiles of 8 words, +4 against bank conflicts
+// 4: the previous shipped kernel: tiles in code order, each lane storing
+// its four words straight from the fragment layout (4-byte pieces of two
+// rows' 32-byte sectors).
 template <int K>
-static __global__ void __launch_bounds__(ESCHA_THREADS) v_smem_warp8(const uint32_t * __restrict__ code, half * __restrict__ w, int KT, int NT, escha_consts dc) {
-    __shared__ uint32_t stage[ESCHA_WARPS][16 * SROW];
-    const int lane = threadIdx.x % ESCHA_LANES, wi = threadIdx.x / ESCHA_LANES;
-    uint32_t * s = stage[wi];
+static __global__ void __launch_bounds__(ESCHA_THREADS) v_fragment(const uint32_t * __restrict__ code, half * __restrict__ w, int KT, int NT, escha_consts dc) {
+    const int lane = threadIdx.x % ESCHA_LANES;
     const escha_lane_bits<K> lb(lane);
-    const int64_t IC = (int64_t) KT * 16;
-    const int64_t KG = (KT + 7) / 8, groups = KG * NT, warps = (int64_t) gridDim.x * ESCHA_WARPS;
-    const int n = lane / 4, q = lane % 4;
-    for (int64_t g = (int64_t) blockIdx.x * ESCHA_WARPS + wi; g < groups; g += warps) {
-        const int64_t nt = g % NT, k0 = (g / NT) * 8;
-        const int nk = (int) min((int64_t) 8, KT - k0);
-        for (int t = 0; t < nk; t++) {
-            uint32_t b[4];
-            escha_decode_lane<K>(code + ((k0 + t) * NT + nt) * 8 * K, lb, dc, b);
-            s[n * SROW + t * 8 + q]           = b[0];
-            s[n * SROW + t * 8 + 4 + q]       = b[1];
-            s[(n + 8) * SROW + t * 8 + q]     = b[2];
-            s[(n + 8) * SROW + t * 8 + 4 + q] = b[3];
-        }
-        __syncwarp();
-        const int chunks = nk * 2; // 16-byte chunks a row
-        for (int c = lane; c < 16 * chunks; c += ESCHA_LANES) {
-            const int r = c / chunks, ch = c % chunks;
-            const uint4 v = *(const uint4 *) (s + r * SROW + ch * 4);
-            *(uint4 *) (w + (nt * 16 + r) * IC + k0 * 16 + ch * 8) = v;
-        }
-        __syncwarp();
+    const int64_t IC = (int64_t) KT * 16, n_tiles = (int64_t) KT * NT, warps = (int64_t) gridDim.x * ESCHA_WARPS;
+    const int n = lane / 4, kq = (lane % 4) * 2;
+    for (int64_t i = (int64_t) blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES; i < n_tiles; i += warps) {
+        uint32_t b[4];
+        escha_decode_lane<K>(code + i * 8 * K, lb, dc, b);
+        const int64_t kt = i / NT, nt = i % NT;
+        uint32_t * lo = (uint32_t *) (w + (nt * 16 + n) * IC + kt * 16 + kq);
+        uint32_t * hi = (uint32_t *) (w + (nt * 16 + n + 8) * IC + kt * 16 + kq);
+        lo[0] = b[0];
+        lo[4] = b[1];
+        hi[0] = b[2];
+        hi[4] = b[3];
     }
 }
 
@@ -125,10 +113,10 @@ template <int K> static fn variant(int v) {
         case 1: return v_quad<K>;
         case 2: return v_quad_block<K>;
         case 3: return v_quad_warp8<K>;
-        default: return v_smem_warp8<K>;
+        default: return v_fragment<K>;
     }
 }
-static const char * names[] = { "shipped", "quad 16B stores", "quad, block of 4 kt", "quad, warp of 8 kt", "smem, warp of 8 kt" };
+static const char * names[] = { "shipped (staged rows)", "quad 16B stores", "quad, block of 4 kt", "quad, warp of 8 kt", "fragment order (previous)" };
 
 static float time_us(const std::function<void()> & f, int iters = 50) {
     cudaEvent_t a, b;
@@ -160,7 +148,7 @@ static int64_t run(int k, int64_t ic, int64_t oc) {
     escha_consts dc;
     escha_consts_fill(dc);
     const uint32_t * c32 = (const uint32_t *) d_code;
-    escha_decode_kernel_for(k)<<<(unsigned) escha_decode_blocks(tiles), ESCHA_THREADS>>>(c32, d_ref, KT, NT, dc);
+    escha_decode_kernel_for(k)<<<(unsigned) escha_decode_blocks(KT, NT), ESCHA_THREADS>>>(c32, d_ref, KT, NT, dc);
     CHECK(cudaGetLastError());
     std::vector<uint16_t> ref(nw), got(nw);
     CHECK(cudaMemcpy(ref.data(), d_ref, nw * 2, cudaMemcpyDeviceToHost));
@@ -177,11 +165,11 @@ static int64_t run(int k, int64_t ic, int64_t oc) {
             if (v == 0 && per != 1) continue;
             unsigned blocks;
             switch (v) {
-                case 0: case 1: blocks = (unsigned) ((tiles + 8 * per * ESCHA_WARPS - 1) / (8 * per * ESCHA_WARPS)); break; // per x 8 tiles a warp
+                case 0: case 1: case 4: blocks = (unsigned) ((tiles + 8 * per * ESCHA_WARPS - 1) / (8 * per * ESCHA_WARPS)); break; // per x 8 tiles a warp
                 case 2: blocks = (unsigned) ((KG4 * NT + 8 * per - 1) / (8 * per)); break;                                  // per x 8 groups a block
-                default: blocks = (unsigned) ((KG8 * NT + per * ESCHA_WARPS - 1) / (per * ESCHA_WARPS)); break;             // per groups a warp
+                default: blocks = (unsigned) ((KG8 * NT + per * ESCHA_WARPS - 1) / (per * ESCHA_WARPS)); break;             // per groups a warp (3)
             }
-            if (v == 0) blocks = (unsigned) escha_decode_blocks(tiles);
+            if (v == 0) blocks = (unsigned) escha_decode_blocks(KT, NT);
             fn f = k == 2 ? variant<2>(v) : variant<3>(v);
             CHECK(cudaMemset(d_w, 0xFF, nw * 2));
             f<<<blocks, ESCHA_THREADS>>>(c32, d_w, KT, NT, dc);

@@ -204,7 +204,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     if (blas) {
         auto w = nan_filled<half>((size_t) IC * OC);
         // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
-        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks((int64_t) a.KT * a.NT) : 1);
+        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
         blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
         launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
             escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
@@ -290,7 +290,7 @@ int ESCHA_SHIM_FN(decode_weight)(int k, int64_t ic, int64_t oc, const int16_t * 
     if (!shape_ok(k, ic, oc)) {
         return -1;
     }
-    decode_weight(k, ic, oc, (const uint32_t *) code, (half *) w, (unsigned) escha_decode_blocks((ic / 16) * (oc / 16)));
+    decode_weight(k, ic, oc, (const uint32_t *) code, (half *) w, (unsigned) escha_decode_blocks((int) (ic / 16), (int) (oc / 16)));
     return 0;
 }
 

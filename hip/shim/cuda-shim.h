@@ -88,6 +88,23 @@ static inline float4 make_float4(float a, float b, float c, float d) {
     return float4{ a, b, c, d };
 }
 
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+
+// Block shared memory: the blocks of a grid and the wavefronts of a block
+// run one after another on the test's own OS thread, so a per-thread static
+// array serves each block in turn (the decode-once kernel's staging is warp
+// private: nothing here relies on another wavefront's writes).
+#define __shared__ static thread_local
+
+// The lanes of the calling 32-lane warp meet here, so each sees what the
+// others stored before it.
+static inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+    (void) mask;
+    escha_fibers::warp_sync();
+}
+
 static inline float2 __half22float2(half2 h) {
     return float2{ __half2float(h.x), __half2float(h.y) };
 }
