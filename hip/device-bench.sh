@@ -206,7 +206,12 @@ for step in "$@"; do
         o=$bd/$obj
         lib=$(readlink -f $bd/bin/libggml-cuda.so)
         [ -f "$lib" ] || die "mutants: no $bd/bin/libggml-cuda.so"
-        cp -p "$o" "$mdir/orig.o"
+        # The real object, unless a run cut short left a mutant's in the
+        # build: that one carries the saved original's mtime, a rebuilt
+        # real one is newer.
+        if [ ! -f "$mdir/orig.o" ] || [ "$o" -nt "$mdir/orig.o" ]; then
+            cp -p "$o" "$mdir/orig.o"
+        fi
         survived=0 n=0
         for id in $(mutant_ids); do
             p=.device/gpu-mutants/$id.patch
@@ -281,6 +286,7 @@ for step in "$@"; do
         $B/llama-quantize $M/mtp-f16.gguf $M/mtp-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
             || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
         rm -f $M/mtp-f16.gguf
+        echo "mtp: models written and quantized at ${SECONDS} s"
         for m in escha q4km; do
             $B/llama-bench -m $M/mtp-$m.gguf -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
                 || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"

@@ -84,17 +84,25 @@ class Pool:
             start = 0
 
 
-def q8_0_rows(pool, n_blocks, out):
-    """Q8_0 blocks (f16 scale 2^-7, random int8 values)."""
-    per = 1 << 16
-    block = bytearray(pool.raw[:34 * per])
-    block[0::34] = bytes([0x00]) * per
-    block[1::34] = bytes([0x20]) * per
-    block = bytes(block)
+Q8_0_PER = 1 << 16
+_q8_0_blocks = {}
+
+
+def q8_0_rows(pool, n_blocks, out, at=0):
+    """Q8_0 blocks (f16 scale 2^-7, random int8 values), from block `at` of
+    one pool of them (made once: the per-row writers call this per row)."""
+    block = _q8_0_blocks.get(id(pool))
+    if block is None:
+        b = bytearray(pool.raw[:34 * Q8_0_PER])
+        b[0::34] = bytes([0x00]) * Q8_0_PER
+        b[1::34] = bytes([0x20]) * Q8_0_PER
+        block = _q8_0_blocks[id(pool)] = memoryview(bytes(b))
+    at %= Q8_0_PER
     while n_blocks > 0:
-        k = min(n_blocks, per)
-        out.write(block[:34 * k])
+        k = min(n_blocks, Q8_0_PER - at)
+        out.write(block[34 * at:34 * (at + k)])
         n_blocks -= k
+        at = 0
 
 
 class Gguf:
@@ -279,9 +287,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
                 pool.stream(pool.tame, 2 * (H - 1), out)
         else:
             head = struct.pack("<H", f16_bits(1000.0 / 127)) + bytes([127]) + b"\0" * 31
-            for _ in range(rows):
+            for r in range(rows):
                 out.write(head)
-                q8_0_rows(pool, H // 32 - 1, out)
+                q8_0_rows(pool, H // 32 - 1, out, at=r * 4099)
 
     def output_rows(out, n):
         """--agree: dim 0 of the output matrix is 0 in every row but the
@@ -295,7 +303,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
                 pool.stream(pool.tame, 2 * (H - 1), out)
             else:
                 out.write(struct.pack("<H", f16_bits(1.0 / 128)) + bytes([127 if top else 0]) + pool.raw[:31])
-                q8_0_rows(pool, H // 32 - 1, out)
+                q8_0_rows(pool, H // 32 - 1, out, at=r * 4099)
 
     if agree:
         g.tensor("token_embd.weight", [H, nv], F16 if weights == "f16" else Q8_0, embeddings)
