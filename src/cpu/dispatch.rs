@@ -22,10 +22,12 @@ pub enum Isa {
     /// AVX-512F with the codebook's f16 add in AVX-512 FP16.
     Avx512Fp16,
     Neon,
+    /// NEON with the codebook's f16 add in ARMv8.2-A FP16 arithmetic.
+    NeonFp16,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Fp16, Isa::Neon];
+    pub const ALL: [Isa; 6] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Fp16, Isa::Neon, Isa::NeonFp16];
 
     /// Whether this machine can run the path.
     pub fn available(self) -> bool {
@@ -46,6 +48,8 @@ impl Isa {
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonFp16 => std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("fp16"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -57,14 +61,14 @@ impl Isa {
     }
 
     /// The best available path, optionally capped by the environment
-    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512fp16`, `neon`).
+    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512fp16`, `neon`, `neonfp16`).
     pub fn detect() -> Isa {
         if let Ok(name) = std::env::var("ESCHA_CPU_ISA") {
             if let Some(isa) = Isa::from_name(&name).filter(|i| i.available()) {
                 return isa;
             }
         }
-        [Isa::Avx512Fp16, Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
+        [Isa::Avx512Fp16, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
     }
 
     pub fn from_name(name: &str) -> Option<Isa> {
@@ -78,6 +82,7 @@ impl Isa {
             Isa::Avx512 => "avx512",
             Isa::Avx512Fp16 => "avx512fp16",
             Isa::Neon => "neon",
+            Isa::NeonFp16 => "neonfp16",
         }
     }
 }
@@ -136,6 +141,8 @@ impl Kernel {
             Isa::Avx512Fp16 => unsafe { batch::block_mid::<avx512::Avx512Fp16>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => unsafe { batch::block_mid::<neon::Neon>(job, mid, scratch) },
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonFp16 => unsafe { batch::block_mid::<neon::NeonFp16>(job, mid, scratch) },
             _ => scalar::block_mid(job, mid),
         }
     }

@@ -6,6 +6,12 @@
 //! The f16 <-> f32 conversions are `fcvtl`/`fcvtn` through inline assembly
 //! (the f16 vector intrinsics are not stable Rust); `fcvtn` rounds to
 //! nearest-even under the default FPCR, as the contract requires.
+//!
+//! Path `neonfp16` (ARMv8.2-A FP16: Apple M-series, Graviton 2 and later)
+//! adds the codebook's two halves with one `fadd .8h` for 8 states, which is
+//! the contract's f16 add (round to nearest even; FPCR.FZ16 is clear on
+//! Linux and macOS, so no subnormal is flushed), instead of two widenings,
+//! an f32 add and a round trip through f16 per 4 states.
 
 // Index loops mirror the lane/group arithmetic of the layout comments.
 #![allow(clippy::needless_range_loop)]
@@ -118,6 +124,48 @@ unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
     round_f16(vaddq_f32(lo, hi))
 }
 
+/// How a path turns 8 states (two vectors of 4) into their codebook values.
+trait Codebook {
+    /// # Safety
+    /// 1. The CPU supports the path's features (checked by `Isa::available`).
+    unsafe fn cb8(a: uint32x4_t, b: uint32x4_t) -> [float32x4_t; 2];
+}
+
+/// Plain NEON: an f32 add of the widened halves, rounded through f16.
+struct CbNeon;
+impl Codebook for CbNeon {
+    #[inline(always)]
+    unsafe fn cb8(a: uint32x4_t, b: uint32x4_t) -> [float32x4_t; 2] {
+        // SAFETY: NEON is baseline on AArch64.
+        [cb4(a), cb4(b)]
+    }
+}
+
+/// FP16: the halves of 8 hashes gathered by two unzips, one f16 add.
+struct CbFp16;
+impl Codebook for CbFp16 {
+    #[inline(always)]
+    unsafe fn cb8(a: uint32x4_t, b: uint32x4_t) -> [float32x4_t; 2] {
+        let hash = |s: uint32x4_t| {
+            let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
+            vreinterpretq_u16_u32(veorq_u32(vandq_u32(r, vdupq_n_u32(CBA_MASK)), vdupq_n_u32(CBA_XOR)))
+        };
+        let (ra, rb) = (hash(a), hash(b));
+        let lo = vuzp1q_u16(ra, rb); // low halves: a's 4 states, then b's
+        let hi = vuzp2q_u16(ra, rb);
+        let (va, vb): (float32x4_t, float32x4_t);
+        // SAFETY: the caller's 1. (FP16 arithmetic); registers only.
+        asm!(
+            "fadd {s:v}.8h, {l:v}.8h, {h:v}.8h",
+            "fcvtl {a:v}.4s, {s:v}.4h",
+            "fcvtl2 {b:v}.4s, {s:v}.8h",
+            s = out(vreg) _, l = in(vreg) lo, h = in(vreg) hi, a = out(vreg) va, b = out(vreg) vb,
+            options(pure, nomem, nostack)
+        );
+        [va, vb]
+    }
+}
+
 /// # Safety
 /// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
@@ -148,9 +196,10 @@ unsafe fn xvecs(x: *const f32) -> [float32x4_t; 4] {
 }
 
 /// # Safety
-/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 1. The CPU supports `C`'s features (checked by `Isa::available`).
 /// 2. `job` is consistent (checked by `Kernel::block_mid`).
-unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+#[inline(always)]
+unsafe fn gemv_with<C: Codebook, const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     // acc[tile][column]
     let mut acc = [[vdupq_n_f32(0.0); TILE]; BLOCK_TILES];
     let mut ext = [0u32; EXT_WORDS];
@@ -161,9 +210,12 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
             job.load_ext::<K>(kt, job.block * BLOCK_TILES + tl, &mut ext);
             for g in 0..8 {
                 let w = group_windows_of::<K>(&ext, g);
-                for j in 0..8 {
+                // Values j and j + 1 share a column (j even).
+                for j in (0..8).step_by(2) {
                     let col = 2 * (g >> 1) + 8 * (j >> 2) + (g & 1);
-                    a[col] = vfmaq_f32(a[col], cb4(states::<K>(&w, j)), xv[j & 3]);
+                    let [c0, c1] = C::cb8(states::<K>(&w, j), states::<K>(&w, j + 1));
+                    a[col] = vfmaq_f32(a[col], c0, xv[j & 3]);
+                    a[col] = vfmaq_f32(a[col], c1, xv[(j + 1) & 3]);
                 }
             }
         }
@@ -175,23 +227,57 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     }
 }
 
-super::batch::tile_ops!(Neon);
-
 /// # Safety
-/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 1. The CPU supports `C`'s features (checked by `Isa::available`).
 /// 2. `job` is consistent (checked by `Kernel::block_mid`).
-unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+#[inline(always)]
+unsafe fn decode_rows_with<C: Codebook, const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
     let mut ext = [0u32; EXT_WORDS];
     let mut lanes = [0f32; 256];
     job.load_ext::<K>(kt, nt, &mut ext);
     for g in 0..8 {
         let w = group_windows_of::<K>(&ext, g);
-        for j in 0..8 {
-            vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j) * 4), cb4(states::<K>(&w, j)));
+        for j in (0..8).step_by(2) {
+            let [c0, c1] = C::cb8(states::<K>(&w, j), states::<K>(&w, j + 1));
+            vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j) * 4), c0);
+            vst1q_f32(lanes.as_mut_ptr().add((g * 8 + j + 1) * 4), c1);
         }
     }
     lanes_to_rows(&lanes, &LANES_TO_ROWS, out);
 }
+
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    gemv_with::<CbNeon, K>(job, mid)
+}
+
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+unsafe fn decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+    decode_rows_with::<CbNeon, K>(job, kt, nt, out)
+}
+
+/// # Safety
+/// 1. The CPU supports FP16 arithmetic (checked by `Isa::available`).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+#[target_feature(enable = "fp16")]
+unsafe fn gemv_fp16<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    gemv_with::<CbFp16, K>(job, mid)
+}
+
+/// # Safety
+/// 1. The CPU supports FP16 arithmetic (checked by `Isa::available`).
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+#[target_feature(enable = "fp16")]
+unsafe fn decode_rows_fp16<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
+    decode_rows_with::<CbFp16, K>(job, kt, nt, out)
+}
+
+super::batch::tile_ops!(Neon);
+super::batch::tile_ops!(NeonFp16, gemv_fp16, decode_rows_fp16, rows_fma);
 
 /// # Safety
 /// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
@@ -228,5 +314,51 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
                 vst1q_f32(mp.add(4 * v), *p);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::dispatch::Isa;
+
+    /// Every one of the 65536 states through both codebooks is the C
+    /// reference's value (`cref::cb_half`), bit for bit.
+    #[test]
+    fn codebooks_match_the_reference_on_every_state() {
+        let fp16 = Isa::NeonFp16.available();
+        if !fp16 {
+            println!("codebooks_match_the_reference_on_every_state: the FP16 codebook skipped, this CPU lacks FP16 arithmetic");
+        }
+        for s0 in (0..1u32 << 16).step_by(8) {
+            let st: [u32; 8] = core::array::from_fn(|i| s0 + i as u32);
+            let mut got = [[0f32; 8]; 2];
+            // SAFETY: NEON is baseline; CbFp16 runs only where FP16 is available (checked above).
+            unsafe {
+                let (a, b) = (vld1q_u32(st.as_ptr()), vld1q_u32(st.as_ptr().add(4)));
+                let mut put = |p: usize, v: [float32x4_t; 2]| {
+                    vst1q_f32(got[p].as_mut_ptr(), v[0]);
+                    vst1q_f32(got[p].as_mut_ptr().add(4), v[1]);
+                };
+                put(0, CbNeon::cb8(a, b));
+                if fp16 {
+                    put(1, fp16_cb8(a, b));
+                }
+            }
+            for (i, &s) in st.iter().enumerate() {
+                let want = crate::cref::cb_half(s as u16).to_f32().to_bits();
+                assert_eq!(got[0][i].to_bits(), want, "neon codebook, state {s:#06x}: {:e}", got[0][i]);
+                if fp16 {
+                    assert_eq!(got[1][i].to_bits(), want, "neonfp16 codebook, state {s:#06x}: {:e}", got[1][i]);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// 1. The CPU supports FP16 arithmetic.
+    #[target_feature(enable = "fp16")]
+    unsafe fn fp16_cb8(a: uint32x4_t, b: uint32x4_t) -> [float32x4_t; 2] {
+        CbFp16::cb8(a, b)
     }
 }

@@ -79,6 +79,8 @@ fn simd_tile_decode_is_bit_exact() {
                     Isa::Avx512Fp16 => decode_all::<super::avx512::Avx512Fp16>(shape, &code),
                     #[cfg(target_arch = "aarch64")]
                     Isa::Neon => decode_all::<super::neon::Neon>(shape, &code),
+                    #[cfg(target_arch = "aarch64")]
+                    Isa::NeonFp16 => decode_all::<super::neon::NeonFp16>(shape, &code),
                     _ => continue, // the scalar path decodes inside its product
                 }
             };
