@@ -28,6 +28,8 @@
 #   mtp      the dense 27B shape with an always-agreeing MTP head, escha
 #            and Q4_K_M: tg128, pp2-pp5 (verify windows) and llama-cli
 #            greedy generation with and without --spec-type draft-mtp
+#   mtp-gen  the mtp step's models alone (no build needed: run it while
+#            building, DENSE_LAYERS as for mtp)
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
@@ -101,6 +103,17 @@ offload() {
     done
     if [ "$expect" = pass ] && [ $bad = 1 ]; then die "offload: escha logits differ from the decoded twin"; fi
     if [ "$expect" = fail ] && [ $bad = 0 ]; then die "offload: the broken decode matched the twin"; fi
+}
+# The mtp step's models (no build needed: run it while building): escha
+# and the f16 twin that llama-quantize makes the Q4_K_M one of.
+mtp_gen() {
+    local S=hip/synthetic-qwen35.py w
+    for w in escha f16; do
+        [ -f $M/mtp-$w.gguf ] && continue
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights $w --mtp --agree -o $M/mtp-$w.gguf.tmp > "$out/mtp-gen-$w.log" 2>&1 \
+            || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
+        mv $M/mtp-$w.gguf.tmp $M/mtp-$w.gguf
+    done
 }
 # GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
 # MUTANTS="id ..." picks some, in that order.
@@ -197,6 +210,8 @@ for step in "$@"; do
         offload pass ;;
     mutant-objects)
         mutant_objects ;;
+    mtp-gen)
+        mtp_gen ;;
     mutants)
         # Each mutant's escha.cu object (compiled in parallel unless the
         # mutant-objects step did it during the build) takes the real one's
@@ -280,12 +295,12 @@ for step in "$@"; do
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
         # Needs llama-cli (bash hip/device-build.sh llama-cli).
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
-        S=hip/synthetic-qwen35.py
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree -o $M/mtp-escha.gguf
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 --mtp --agree -o $M/mtp-f16.gguf
-        $B/llama-quantize $M/mtp-f16.gguf $M/mtp-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
-            || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
-        rm -f $M/mtp-f16.gguf
+        [ -f $M/mtp-q4km.gguf ] || mtp_gen
+        if [ ! -f $M/mtp-q4km.gguf ]; then
+            $B/llama-quantize $M/mtp-f16.gguf $M/mtp-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
+                || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
+            rm -f $M/mtp-f16.gguf
+        fi
         echo "mtp: models written and quantized at ${SECONDS} s"
         for m in escha q4km; do
             $B/llama-bench -m $M/mtp-$m.gguf -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
