@@ -44,6 +44,8 @@
 #   iq2      the IQ2_XXS twins (uniform importance matrix; slow: about 3 min
 #            for the 16-layer dense twin on 16 cores), then the twin is deleted
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
+#   graphs   llama-bench tg128 / pp512 with CUDA graphs and with
+#            GGML_CUDA_DISABLE_GRAPHS=1, escha and Q4_K_M models present
 #   batched  llama-batched-bench at 1, 4, 16, 32 sequences, every model
 #            present (device-build.sh llama-batched-bench)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
@@ -346,6 +348,21 @@ for step in "$@"; do
             for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
                 [ -f "$f" ] || { echo "missing $f"; continue; }
                 $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
+            done
+        done ;;
+    graphs)
+        # CUDA graphs (llama.cpp captures every graph whose properties stay
+        # the same from one call to the next): tg128 and pp512 with capture
+        # and with GGML_CUDA_DISABLE_GRAPHS=1, escha against Q4_K_M.
+        for m in $MODELS; do
+            for f in $M/$m-escha.gguf $M/$m-q4km.gguf; do
+                [ -f "$f" ] || { echo "missing $f"; continue; }
+                for g in on off; do
+                    env $([ $g = off ] && echo GGML_CUDA_DISABLE_GRAPHS=1) $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
+                        > "$out/graphs-$(basename "$f" .gguf)-$g.md" 2>&1 || die "graphs: llama-bench $f ($g) failed"
+                    echo "== $(basename "$f"), graphs $g"
+                    grep -E "pp512|tg128" "$out/graphs-$(basename "$f" .gguf)-$g.md"
+                done
             done
         done ;;
     batched)
