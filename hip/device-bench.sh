@@ -111,12 +111,15 @@ offload() {
 mtp_gen() {
     local S=hip/synthetic-qwen35.py w
     for w in escha f16; do
-        [ -f $M/mtp-$w.gguf ] && continue
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights $w --mtp --agree -o $M/mtp-$w.gguf.tmp > "$out/mtp-gen-$w.log" 2>&1 \
+        [ -f "$(mtp_model $w)" ] && continue
+        [ $w = f16 ] && [ -f "$(mtp_model q4km)" ] && continue # the twin is only the quantizer's input
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights $w --mtp --agree -o "$(mtp_model $w).tmp" > "$out/mtp-gen-$w.log" 2>&1 \
             || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
-        mv $M/mtp-$w.gguf.tmp $M/mtp-$w.gguf
+        mv "$(mtp_model $w).tmp" "$(mtp_model $w)"
     done
 }
+# The mtp step's model of weights $1, for DENSE_LAYERS layers.
+mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
 # GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
 # MUTANTS="id ..." picks some, in that order.
 bd=.device-build/build
@@ -156,13 +159,26 @@ mutant_objects() {
 # deps log would otherwise call it stale and recompile it), removes the CUDA
 # library so ninja relinks it, and checks that the object was not rebuilt.
 install_object() {
-    cp "$1" $bd/$obj
-    touch -r "$mdir/orig.o" $bd/$obj
+    # Copied, dated and moved in place in one step: a run cut short in
+    # between never leaves a mutant's object with a fresh mtime (which the
+    # mutants step would take for a rebuilt real one).
+    cp "$1" $bd/$obj.tmp
+    touch -r "$mdir/orig.o" $bd/$obj.tmp
+    mv $bd/$obj.tmp $bd/$obj
     rm -f "$lib"
     ninja -C $bd test-backend-ops > "$2" 2>&1 || die "relinking with $1 failed ($2)"
     cmp -s "$1" $bd/$obj || die "ninja rebuilt $obj instead of linking $1"
     [ -f "$lib" ] || die "ninja did not relink $lib"
 }
+# A mutants run marks the build while a mutant is linked in; every other
+# step refuses such a build (a run cut short leaves it so: run mutants
+# again, which links the real object back at its end).
+linked_marker=$mdir/mutant-linked
+for step in "$@"; do
+    case $step in mutants|mutant-objects|decode|decode-variants|gen|mtp-gen|models|q4km|iq2) ;;
+    *) [ -f "$linked_marker" ] && die "$step: a mutant is still linked into the build (a mutants run was cut short): run the mutants step again" ;;
+    esac
+done
 for step in "$@"; do
     case $step in
     parity)
@@ -235,6 +251,7 @@ for step in "$@"; do
             check=$(sed -n 's/^# check: //p' "$p")
             [ -n "$check" ] || die "mutant $id: no check line in $p"
             if [ -f "$mdir/$id.o" ]; then
+                touch "$linked_marker"
                 install_object "$mdir/$id.o" "$out/mutant-$id-build.log"
                 if TBO=$B/test-backend-ops bash -c "$check" > "$out/mutant-$id.log" 2>&1; then r=SURVIVED; survived=$((survived + 1)); else r=caught; fi
             else
@@ -247,6 +264,7 @@ for step in "$@"; do
         done
         # The real object relinked the same way must pass (the control).
         install_object "$mdir/orig.o" "$out/mutants-restore.log"
+        rm -f "$linked_marker"
         $B/test-backend-ops -b CUDA0 -o ESCHA_LINEAR > "$out/mutants-control.log" 2>&1 || die "mutants: the relinked real object fails ($out/mutants-control.log)"
         echo "control: the real object relinked the same way passes ESCHA_LINEAR ($(grep -o '[0-9]*/[0-9]* tests passed' "$out/mutants-control.log"))"
         [ $n -gt 0 ] || die "mutants: none selected"
@@ -297,20 +315,21 @@ for step in "$@"; do
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
         # Needs llama-cli (bash hip/device-build.sh llama-cli).
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
-        [ -f $M/mtp-q4km.gguf ] || mtp_gen
-        if [ ! -f $M/mtp-q4km.gguf ]; then
-            $B/llama-quantize $M/mtp-f16.gguf $M/mtp-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
+        mtp_gen
+        if [ ! -f "$(mtp_model q4km)" ]; then
+            $B/llama-quantize "$(mtp_model f16)" "$(mtp_model q4km).tmp" Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
                 || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
-            rm -f $M/mtp-f16.gguf
+            mv "$(mtp_model q4km).tmp" "$(mtp_model q4km)"
+            rm -f "$(mtp_model f16)"
         fi
         echo "mtp: models written and quantized at ${SECONDS} s"
         for m in escha q4km; do
-            $B/llama-bench -m $M/mtp-$m.gguf -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
+            $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
                 || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
             grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
             for spec in plain draft-mtp; do
                 log=$out/mtp-cli-$m-$spec
-                $B/llama-cli -m $M/mtp-$m.gguf -ngl 99 -p "t5 t6 t7" -n 256 -st --temp 0 --reasoning off \
+                $B/llama-cli -m "$(mtp_model $m)" -ngl 99 -p "t5 t6 t7" -n 256 -st --temp 0 --reasoning off \
                     $([ $spec = draft-mtp ] && echo --spec-type draft-mtp) -lv 3 </dev/null > "$log.txt" 2> "$log.err" \
                     || die "mtp: llama-cli $m $spec failed ($log.err)"
                 gen=$(grep -o "Generation: [0-9.]* t/s" "$log.txt" | tail -n 1)

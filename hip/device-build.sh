@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 src=.device-build/llama.cpp
 mkdir -p .device-build
 if ! cmp -s .device/packed-id .device-build/packed-id; then
-    rm -rf "$src"
+    rm -rf "$src" .device-build/mutants # mutant objects of another pack are stale
     mkdir -p "$src"
     tar -C "$src" -xJf .device/llama.cpp.tar.xz
     xz -dc .device/libescha_ggml_cpu.a.xz > .device-build/libescha_ggml_cpu.a

@@ -312,7 +312,7 @@ template <int K>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
         const uint32_t * __restrict__ code, half * __restrict__ w, const int KT, const int NT, const escha_consts dc) {
     constexpr int W = 8 * K, SROW = ESCHA_DECODE_SROW;
-    __shared__ uint32_t stage[ESCHA_WARPS][16 * SROW];
+    __shared__ __align__(16) uint32_t stage[ESCHA_WARPS][16 * SROW]; // read back as uint4
     const int lane = threadIdx.x % ESCHA_LANES, wi = threadIdx.x / ESCHA_LANES;
     uint32_t * s = stage[wi];
     const escha_lane_bits<K> lb(lane);

@@ -88,7 +88,7 @@ static inline float4 make_float4(float a, float b, float c, float d) {
     return float4{ a, b, c, d };
 }
 
-struct uint4 {
+struct alignas(16) uint4 {
     uint32_t x, y, z, w;
 };
 
@@ -97,6 +97,7 @@ struct uint4 {
 // array serves each block in turn (the decode-once kernel's staging is warp
 // private: nothing here relies on another wavefront's writes).
 #define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
 
 // The lanes of the calling 32-lane warp meet here, so each sees what the
 // others stored before it.
