@@ -296,6 +296,11 @@ static __device__ __forceinline__ void escha_syncwarp() {
 static constexpr int ESCHA_DECODE_KT   = 8;
 static constexpr int ESCHA_DECODE_SROW = ESCHA_DECODE_KT * 8 + 4;
 
+// Units of a KT x NT-tile weight: the kernel's loop and its grid.
+static __host__ __device__ __forceinline__ int64_t escha_decode_units(const int KT, const int NT) {
+    return (int64_t) ((KT + ESCHA_DECODE_KT - 1) / ESCHA_DECODE_KT) * NT;
+}
+
 // Decodes a whole weight (one expert's code) into f16, w[oc][ic]: each
 // output channel's IC weights contiguous, the A operand of a TN GEMM
 // (cuBLAS / hipBLAS OP_T, lda = IC) whose product with xh is mid. Every
@@ -318,7 +323,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
     const escha_lane_bits<K> lb(lane);
     const int64_t IC = (int64_t) KT * 16;
     const int n = lane / 4, q = lane % 4;
-    const int64_t units = (int64_t) ((KT + ESCHA_DECODE_KT - 1) / ESCHA_DECODE_KT) * NT;
+    const int64_t units = escha_decode_units(KT, NT);
     const int64_t warps = (int64_t) gridDim.x * ESCHA_WARPS;
     for (int64_t g = (int64_t) blockIdx.x * ESCHA_WARPS + wi; g < units; g += warps) {
         const int64_t nt = g % NT, k0 = (g / NT) * ESCHA_DECODE_KT;
@@ -350,8 +355,7 @@ static inline escha_decode_fn escha_decode_kernel_for(const int K) {
     return K == 2 ? escha_decode_kernel<2> : escha_decode_kernel<3>;
 }
 static inline int64_t escha_decode_blocks(const int KT, const int NT) {
-    const int64_t units = (int64_t) ((KT + ESCHA_DECODE_KT - 1) / ESCHA_DECODE_KT) * NT;
-    return (units + ESCHA_WARPS - 1) / ESCHA_WARPS;
+    return (escha_decode_units(KT, NT) + ESCHA_WARPS - 1) / ESCHA_WARPS;
 }
 
 // ---- the decode-and-multiply kernel -----------------------------------------

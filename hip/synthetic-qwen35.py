@@ -56,6 +56,9 @@ ALIGN = 32
 T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR = 4, 5, 6, 7, 8, 9
 
 
+Q8_0_PER = 1 << 16  # blocks in the pool's Q8_0 run
+
+
 class Pool:
     """Random bytes reused as tensor contents (the file is disk-bound, not
     generator-bound). F16 words get their top exponent bit cleared, so every
@@ -72,6 +75,12 @@ class Pool:
         tame = bytes((b & 0x83) | (0x0B << 2) for b in range(256))
         raw[1::2] = bytes(self.raw[1::2]).translate(tame)
         self.tame = bytes(raw)
+        # Q8_0 blocks (f16 scale 2^-7, random int8 values), made once: the
+        # per-row writers of --agree take a row's worth at a time.
+        q8 = bytearray(self.raw[:34 * Q8_0_PER])
+        q8[0::34] = bytes([0x00]) * Q8_0_PER
+        q8[1::34] = bytes([0x20]) * Q8_0_PER
+        self.q8_0 = memoryview(bytes(q8))
         self.pos = 0
 
     def stream(self, src, n, out):
@@ -84,23 +93,12 @@ class Pool:
             start = 0
 
 
-Q8_0_PER = 1 << 16
-_q8_0_blocks = {}
-
-
 def q8_0_rows(pool, n_blocks, out, at=0):
-    """Q8_0 blocks (f16 scale 2^-7, random int8 values), from block `at` of
-    one pool of them (made once: the per-row writers call this per row)."""
-    block = _q8_0_blocks.get(id(pool))
-    if block is None:
-        b = bytearray(pool.raw[:34 * Q8_0_PER])
-        b[0::34] = bytes([0x00]) * Q8_0_PER
-        b[1::34] = bytes([0x20]) * Q8_0_PER
-        block = _q8_0_blocks[id(pool)] = memoryview(bytes(b))
+    """`n_blocks` of the pool's Q8_0 blocks, from block `at` on."""
     at %= Q8_0_PER
     while n_blocks > 0:
         k = min(n_blocks, Q8_0_PER - at)
-        out.write(block[34 * at:34 * (at + k)])
+        out.write(pool.q8_0[34 * at:34 * (at + k)])
         n_blocks -= k
         at = 0
 
@@ -186,7 +184,7 @@ def one_hot_f32(out, n):
 
 def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False):
     m = dict(MODELS[model])
-    rout_bits = struct.unpack("<H", struct.pack("<e", rout))[0]
+    rout_bits = f16_bits(rout)
     arch = m["arch"]
     moe = "n_expert" in m
     E = m.get("n_expert", 1)
@@ -276,10 +274,12 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         if weights == "f16":
             imat.append((name, ne[0], 1))
 
+    row_bytes = 2 * H if weights == "f16" else H // 32 * 34  # a row of token_embd / output
+
     def embeddings(out, n):
         """--agree: 1000 at dim 0 of every row over small values (the rest
         of a Q8_0 row's first block zero)."""
-        rows = n // (2 * H if weights == "f16" else H // 32 * 34)
+        rows = n // row_bytes
         if weights == "f16":
             head = struct.pack("<H", f16_bits(1000.0))
             for _ in range(rows):
@@ -295,7 +295,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         """--agree: dim 0 of the output matrix is 0 in every row but the
         last token's, where it is the largest value: with the norms keeping
         dim 0 only, that token wins on both paths (no ties to break)."""
-        rows = n // (2 * H if weights == "f16" else H // 32 * 34)
+        rows = n // row_bytes
         for r in range(rows):
             top = r == rows - 1
             if weights == "f16":

@@ -31,6 +31,7 @@
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define GGML_UNUSED(x) (void) (x)

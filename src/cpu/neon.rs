@@ -111,14 +111,24 @@ unsafe fn round_f16(v: float32x4_t) -> float32x4_t {
     out
 }
 
+/// The codebook hash of 4 states: `(s * MUL & MASK) ^ XOR`, two f16
+/// halves a lane.
+///
+/// # Safety
+/// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
+#[inline(always)]
+unsafe fn hash4(s: uint32x4_t) -> uint32x4_t {
+    let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
+    veorq_u32(vandq_u32(r, vdupq_n_u32(CBA_MASK)), vdupq_n_u32(CBA_XOR))
+}
+
 /// Codebook values of 4 states.
 ///
 /// # Safety
 /// 1. The CPU supports NEON (checked by `Isa::available`; baseline on AArch64).
 #[inline(always)]
 unsafe fn cb4(s: uint32x4_t) -> float32x4_t {
-    let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
-    let r = veorq_u32(vandq_u32(r, vdupq_n_u32(CBA_MASK)), vdupq_n_u32(CBA_XOR));
+    let r = hash4(s);
     let lo = f16x4_to_f32(vmovn_u32(r));
     let hi = f16x4_to_f32(vshrn_n_u32::<16>(r));
     round_f16(vaddq_f32(lo, hi))
@@ -146,11 +156,7 @@ struct CbFp16;
 impl Codebook for CbFp16 {
     #[inline(always)]
     unsafe fn cb8(a: uint32x4_t, b: uint32x4_t) -> [float32x4_t; 2] {
-        let hash = |s: uint32x4_t| {
-            let r = vmulq_u32(s, vdupq_n_u32(CBA_MUL));
-            vreinterpretq_u16_u32(veorq_u32(vandq_u32(r, vdupq_n_u32(CBA_MASK)), vdupq_n_u32(CBA_XOR)))
-        };
-        let (ra, rb) = (hash(a), hash(b));
+        let (ra, rb) = (vreinterpretq_u16_u32(hash4(a)), vreinterpretq_u16_u32(hash4(b)));
         let lo = vuzp1q_u16(ra, rb); // low halves: a's 4 states, then b's
         let hi = vuzp2q_u16(ra, rb);
         let (va, vb): (float32x4_t, float32x4_t);
