@@ -11,6 +11,7 @@ use std::process::Command;
 const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const SDIST_SPEC: &str = "llama-cpp-python==0.3.36";
+const SDIST_NAME: &str = "llama-cpp-python";
 const TREE_IN_SDIST: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp";
 /// The parts of the tree the build needs.
 const TREE_PARTS: [&str; 10] = ["ggml", "src", "include", "common", "tools", "vendor", "cmake", "scripts", "tests", "CMakeLists.txt"];
@@ -161,7 +162,9 @@ fn sdist() -> PathBuf {
         std::fs::create_dir_all(&cache).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", cache.display())));
         println!("cargo:warning=escha-ggml: fetching {SDIST_SPEC} (source distribution, ~77 MB) with pip into {}", cache.display());
         let ok = Command::new(env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-            .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST_SPEC, "-d"])
+            // Only this package as source: `:all:` would also build pip's metadata
+            // helpers (CMake among them) from source, a quarter of an hour.
+            .args(["-m", "pip", "download", "--no-deps", "--no-binary", SDIST_NAME, SDIST_SPEC, "-d"])
             .arg(&cache)
             .status()
             .map(|s| s.success())
@@ -171,7 +174,7 @@ fn sdist() -> PathBuf {
                 "the pinned llama.cpp tree is not available.\n\
                  escha-ggml builds llama.cpp commit 0c1e570 from the {SDIST_SPEC} source distribution on PyPI,\n\
                  and fetching it with `python3 -m pip download` failed (offline?). Either:\n  \
-                 - fetch it once where PyPI is reachable: pip download --no-deps --no-binary :all: {SDIST_SPEC} -d {}\n  \
+                 - fetch it once where PyPI is reachable: pip download --no-deps --no-binary {SDIST_NAME} {SDIST_SPEC} -d {}\n  \
                  - or point ESCHA_LLAMA_CPP_DIR at a llama.cpp checkout of commit 0c1e570.",
                 cache.display()
             ));
