@@ -33,8 +33,8 @@
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
-#   perf     test-backend-ops perf: escha ops (shipped plan, BLAS path off,
-#            BLAS path always) and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16
+#   perf     test-backend-ops perf: escha ops (shipped plan, fused kernel
+#            off, BLAS path off, BLAS path always) and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16
 #            weights of the same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
 #            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin
@@ -64,7 +64,7 @@ MODELS=${MODELS:-dense moe}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 54 ;; ESCHA_MOE) echo 31 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 58 ;; ESCHA_MOE) echo 31 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -270,18 +270,19 @@ for step in "$@"; do
         [ $n -gt 0 ] || die "mutants: none selected"
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
-        # The shipped plan, then the dense BLAS path forced off and on (the
+        # The shipped plan, then the fused token-generation kernel off (three
+        # launches an op), the dense BLAS path forced off and on (the
         # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
         # f16 (cuBLAS) at the same shapes.
-        for v in shipped:"" noblas:0 blas:1; do
-            tag=${v%%:*} rows=${v#*:}
-            env ${rows:+GGML_ESCHA_BLAS_MIN_ROWS=$rows} $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE \
+        for v in shipped: unfused:GGML_ESCHA_FUSED=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1; do
+            tag=${v%%:*} setting=${v#*:}
+            env $setting $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE \
                 > "$out/perf-escha-$tag.log" 2>&1 || die "perf: escha ops ($tag) failed"
             echo "== escha, $tag"
             grep -h "us/run" "$out/perf-escha-$tag.log" | sed 's/,per=.*pad=0)/)/'
         done
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
-            -p 'type_a=(q4_K|q2_K|iq2_xxs|f16),type_b=f32,m=(17408|5120),n=(1|16|32|64|128|512),k=(5120|17408),bs=\[1,1\]' \
+            -p 'type_a=(q4_K|q2_K|iq2_xxs|f16),type_b=f32,m=(17408|5120),n=(1|2|4|16|32|64|128|512),k=(5120|17408),bs=\[1,1\]' \
             > "$out/perf-mulmat.log" 2>&1 || die "perf: MUL_MAT failed"
         echo "== MUL_MAT"
         grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "escha-format.h"
+#include "escha-plan.h"
 
 #include <cstdint>
 #include <cstring>
@@ -84,6 +85,31 @@ static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lan
     }
 }
 
+// One warp's share of the input transform: row r's 128-block at i0 - 4 *
+// lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
+// 4l..4l+3 into h. The input transform kernel and the fused token-
+// generation kernel's prologue both run exactly this.
+static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
+                                                     const int lane, half h[4]) {
+    int e;
+    bool bad;
+    const float * x = rows.row(r, e, bad);
+    float u[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float re = __half2float(v.rin[e * v.rin_es + i0 + q]);
+        if (v.s_in) {
+            re = __fmul_rn(re, v.s_in[e * v.s_in_es + i0 + q]);
+        }
+        u[q] = __fmul_rn(x[i0 + q], re); // __fmul_rn: never fused into the adds below
+    }
+    escha_h128_lane(u, lane);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        h[q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));
+    }
+}
+
 // xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
 // 128-block each; grid (ceil(IC/512), rows).
 // The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
@@ -102,28 +128,42 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
     }
     const int i0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-        int e;
-        bool bad;
-        const float * x = rows.row(r, e, bad);
-        float u[4];
+        half h[4];
+        escha_xh_lane(rows, v, r, i0, lane, h);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            float re = __half2float(v.rin[e * v.rin_es + i0 + q]);
-            if (v.s_in) {
-                re = __fmul_rn(re, v.s_in[e * v.s_in_es + i0 + q]);
-            }
-            u[q] = __fmul_rn(x[i0 + q], re); // __fmul_rn: never fused into the adds below
-        }
-        escha_h128_lane(u, lane);
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));
+            xh[r * IC + i0 + q] = h[q];
         }
     }
 }
 
-// dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded again), as
-// f32. rout == 0 gives an exact (signed) zero: a prune mask.
+// One warp's share of the output transform: row r's 128 outputs at o0 - 4
+// * lane from their sums m (lane l's outputs 4l..4l+3, transformed in
+// place), dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded
+// again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
+// output transform kernel and the fused kernel's epilogue both run this.
+static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                      const int o0, const int lane, const int OC, float * __restrict__ dst) {
+    int e;
+    bool bad;
+    rows.row(r, e, bad);
+    escha_h128_lane(m, lane);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float ro = __half2float(v.rout[e * v.rout_es + o0 + q]);
+        if (v.s_out) {
+            ro = __fmul_rn(ro, v.s_out[e * v.s_out_es + o0 + q]);
+        }
+        half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));
+        if (v.bias) {
+            y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
+        }
+        dst[r * OC + o0 + q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(y);
+    }
+}
+
+// The output transform of every row; block: 4 logical warps, one 128-block
+// each; grid (ceil(OC/512), rows).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
         const escha_rows rows, const escha_vecs v, const float * __restrict__ mid, float * __restrict__ dst,
         const int64_t n_rows, const int OC) {
@@ -134,27 +174,12 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
     }
     const int o0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-        int e;
-        bool bad;
-        rows.row(r, e, bad);
         float m[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             m[q] = mid[r * OC + o0 + q];
         }
-        escha_h128_lane(m, lane);
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float ro = __half2float(v.rout[e * v.rout_es + o0 + q]);
-            if (v.s_out) {
-                ro = __fmul_rn(ro, v.s_out[e * v.s_out_es + o0 + q]);
-            }
-            half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));
-            if (v.bias) {
-                y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
-            }
-            dst[r * OC + o0 + q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(y);
-        }
+        escha_out_lane(rows, v, m, r, o0, lane, OC, dst);
     }
 }
 
@@ -378,6 +403,12 @@ struct escha_mm_args {
     const int32_t  * bounds;   // mode 2: [E + 1]
     int              mblocks;  // mode 2: row blocks per expert
     escha_consts     dc;       // decode constants, set by escha_launch
+    // The fused token-generation kernel (escha_gemv_kernel's FUSED) reads
+    // x itself and writes dst: mid and arrive start at 0 and it leaves them so.
+    escha_rows       rows;
+    escha_vecs       v;
+    float          * dst;
+    unsigned       * arrive;   // per group and 128 outputs: the warps done with them
 };
 
 #if defined(ESCHA_HAVE_MMA) && defined(ESCHA_CUDA_SHIM)
@@ -397,16 +428,19 @@ static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4]
 struct escha_group {
     int64_t         e = 0, first = 0, count = 0;
     const int32_t * list = nullptr;
+    int64_t         n_out = 0; // rows whose outputs the group owns (a slot with a bad id: 1, count 0)
 
     escha_group() = default;
     __device__ __forceinline__ escha_group(const escha_mm_args & a, const int z, const int rows) {
         if (a.mode == 0) {
             first = (int64_t) z * rows;
             count = min((int64_t) rows, a.n_rows - first);
+            n_out = count;
         } else if (a.mode == 1) {
             first = z;
             count = 1;
             e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+            n_out = 1;
             if (escha_bad_id((int) e, a.n_expert)) { // no multiply
                 e     = 0;
                 count = 0;
@@ -417,18 +451,24 @@ struct escha_group {
             count = min(rows, a.bounds[e + 1] - lo);
             first = lo;
             list  = a.sorted;
+            n_out = count;
         }
     }
     // Op row of the group's i-th row; -1 past its end (padding rows).
     __device__ __forceinline__ int64_t row(const int i) const {
         return i < count ? (list ? (int64_t) list[first + i] : first + i) : -1;
     }
+    // Op row of the group's i-th output row (i < n_out).
+    __device__ __forceinline__ int64_t out_row(const int i) const {
+        return count == 0 ? first : row(i);
+    }
 };
 
 // What one warp of a multiply block works on: NTW tile columns from nt0,
 // the tile rows [kt_begin, kt_end) of its IC split, the rows of group g
-// (block x = output block + n_x * group). init() is false for a warp with
-// nothing to do (past the output edge, an empty split or group).
+// (block x = output block + n_x * group). init() is false for a warp past
+// the output edge or with an empty split; g.count may still be 0 (a slot
+// with a bad id, whose outputs the fused kernel still writes).
 // code: the group's expert at tile (0, nt0); kq: the lane's k pair (and
 // +8) in a tile.
 struct escha_warp_work {
@@ -452,7 +492,7 @@ struct escha_warp_work {
         code      = a.code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
         kt_stride = (int64_t) a.NT * words_per_tile;
         kq        = (lane % 4) * 2;
-        return g.count > 0;
+        return true;
     }
 };
 
@@ -466,7 +506,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
     constexpr int W    = 8 * K;   // 32-bit words per tile
     constexpr int ROWS = MT * 16;
     escha_warp_work work;
-    if (!work.init(a, NTW, ROWS, W)) {
+    if (!work.init(a, NTW, ROWS, W) || work.g.count == 0) {
         return;
     }
     const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
@@ -626,13 +666,23 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // kq and kq+8). Against the prefill kernel at batch 1 this halves the mma
 // count and the accumulators, and it software-pipelines the loads: the next
 // tile row's code words and inputs are in flight while this one decodes.
-template <int K, int NTW, int NB>
+//
+// FUSED (token generation, up to ESCHA_CUDA_FUSED_MAX_ROWS rows, one
+// launch per op): each warp computes the xh of its own rows and IC split
+// (whole 128-blocks, into its own shared rows) with the input transform's
+// code, sums into mid, and counts itself done with its 128 outputs in
+// arrive; the last of the warps that share them (2 per IC split, all
+// splits) applies the output transform, and puts mid and the count back
+// to 0 for the next op. The xh redundancy (one per warp) is small next to
+// the decode at these row counts.
+template <int K, int NTW, int NB, bool FUSED = false>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
     constexpr int W    = 8 * K;
     constexpr int ROWS = NB * 8;
+    static_assert(!FUSED || (NB == 1 && NTW == 4), "the fused kernel: 8-row blocks, 128 outputs a warp pair");
     escha_warp_work work;
-    if (!work.init(a, NTW, ROWS, W)) {
+    if (!work.init(a, NTW, ROWS, W) || (!FUSED && work.g.count == 0)) {
         return;
     }
     const escha_lane_bits<K> lb(work.lane);
@@ -643,10 +693,30 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
     // output columns that are never stored, and no load is predicated.
     const half * xr[NB];
+    if constexpr (FUSED) {
+        constexpr int CH = ESCHA_CUDA_FUSED_KT_MAX * 16;
+        __shared__ __align__(16) half xs_all[ESCHA_WARPS][ESCHA_CUDA_FUSED_MAX_ROWS * CH];
+        half * xs = xs_all[threadIdx.x / ESCHA_LANES];
+        const int n_blk = (kt_end - kt_begin) / 8; // whole 128-blocks (kt_chunk is a multiple of 8)
+        for (int i = 0; i < g.count; i++) {
+            for (int b = 0; b < n_blk; b++) {
+                half h[4];
+                escha_xh_lane(a.rows, a.v, g.row(i), kt_begin * 16 + b * 128 + lane * 4, lane, h);
 #pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        const int64_t r = g.row(nb * 8 + lane / 4);
-        xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+                for (int q = 0; q < 4; q++) {
+                    xs[i * CH + b * 128 + lane * 4 + q] = h[q];
+                }
+            }
+        }
+        escha_syncwarp(); // each lane reads other lanes' xh
+        const int slot = lane / 4;
+        xr[0] = xs + (slot < g.count ? slot : 0) * CH + kq;
+    } else {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const int64_t r = g.row(nb * 8 + lane / 4);
+            xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+        }
     }
     // The lane's code words at tile row kt: q[i] + w * W for tile column
     // nt0 + w (compile-time offsets from one pointer per word).
@@ -685,8 +755,11 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     }
     uint32_t X[NB][2];
     escha_lane_words<K> cw[NTW];
-    load(X, cw);
-    for (int kt = kt_begin; kt < kt_end; kt++) {
+    const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
+    if (any) {
+        load(X, cw);
+    }
+    for (int kt = kt_begin; any && kt < kt_end; kt++) {
         uint32_t Xc[NB][2];
         escha_lane_words<K> cc[NTW];
 #pragma unroll
@@ -746,6 +819,38 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             put(r1, col,     acc[w][nb][1]);
             put(r0, col + 8, acc[w][nb][2]);
             put(r1, col + 8, acc[w][nb][3]);
+        }
+    }
+    if constexpr (FUSED) {
+        // Arrive: this warp's sums are in mid (the fence makes them visible
+        // to whichever warp comes last) before its count goes up.
+        __threadfence();
+        escha_syncwarp();
+        const int64_t z = blockIdx.x / a.n_x;
+        const int o128 = nt0 / 8; // the 128 outputs this warp's 64 are half of
+        unsigned * count = a.arrive + z * (a.OC / 128) + o128;
+        unsigned before = 0;
+        if (lane == 0) {
+            before = atomicAdd(count, 1u);
+        }
+        before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
+        if (before + 1 != 2 * gridDim.y) {
+            return;
+        }
+        __threadfence(); // every other warp's sums, read from L2 (__ldcg: not this SM's L1)
+        const int o0 = o128 * 128 + lane * 4;
+        for (int i = 0; i < g.n_out; i++) {
+            const int64_t r = g.out_row(i);
+            float m[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                m[q] = __ldcg(a.mid + r * a.OC + o0 + q);
+                a.mid[r * a.OC + o0 + q] = 0.0f;
+            }
+            escha_out_lane(a.rows, a.v, m, r, o0, lane, a.OC, a.dst);
+        }
+        if (lane == 0) {
+            *count = 0;
         }
     }
 #else

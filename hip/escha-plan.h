@@ -42,6 +42,25 @@ static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
 
+// The fused GEMV (one launch per op: input transform, multiply and output
+// transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
+// most this many rows (token generation, speculative verify windows; the
+// redundant per-warp xh grows with the rows), dense or one MoE slot a
+// group, on the mma path; GGML_ESCHA_FUSED=0 turns it off. Its IC splits
+// are whole 128-blocks, at most ESCHA_CUDA_FUSED_KT_MAX tile rows (the
+// warp's xh is staged in shared memory).
+static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
+static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
+
+// A fused kernel's tile rows per split from the unfused choice: up to whole
+// 128-blocks (8 tile rows), and no more than the staging holds.
+static constexpr int escha_cuda_fused_kt_chunk(const int kt_chunk) {
+    return ((kt_chunk + 7) / 8 * 8) < ESCHA_CUDA_FUSED_KT_MAX ? (kt_chunk + 7) / 8 * 8 : ESCHA_CUDA_FUSED_KT_MAX;
+}
+static_assert(escha_cuda_fused_kt_chunk(1) == 8 && escha_cuda_fused_kt_chunk(11) == 16 && escha_cuda_fused_kt_chunk(16) == 16 &&
+                  escha_cuda_fused_kt_chunk(109) == 32,
+              "whole 128-blocks, at most the staging");
+
 // Dense ops of at least this many rows take the BLAS path (the crossover
 // measured on the H200, docs/PERFORMANCE.md; GGML_ESCHA_BLAS_MIN_ROWS
 // overrides it, 0 turns the path off).
@@ -57,6 +76,7 @@ struct escha_cuda_plan {
     int64_t n_z;     // row groups in the grid
     int64_t z_busy;  // groups that have rows (the grid's useful size)
     int     mblocks; // GROUPED: row blocks per expert
+    bool    fused;   // GEMV: the one-launch kernel (ESCHA_CUDA_FUSED_MAX_ROWS)
 };
 
 // The grid of a given kernel family and grouping. per_group: rows that one
@@ -90,14 +110,17 @@ static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t 
 // The plan for n_rows op rows (dense rows, or MoE slots of n_tokens
 // tokens). use_mma: the device has tensor cores the kernels use (sm_80+
 // NVIDIA, not forced to SIMT). blas_min_rows: dense ops of at least this
-// many rows take the BLAS path (0: never).
+// many rows take the BLAS path (0: never). fused_max_rows: groups of at
+// most this many rows take the fused GEMV (0: never).
 static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
-                                                   int warps, bool use_mma, int64_t blas_min_rows) {
+                                                   int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : n_tokens);
     const int     mode      = !moe ? ESCHA_CUDA_DENSE : direct ? ESCHA_CUDA_PER_SLOT : ESCHA_CUDA_GROUPED;
     const int64_t gemv_max  = moe ? ESCHA_CUDA_GEMV_MAX_ROWS_MOE : ESCHA_CUDA_GEMV_MAX_ROWS;
     const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
     const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > gemv_max ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
-    return escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
+    escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
+    p.fused = family == ESCHA_CUDA_GEMV && mode != ESCHA_CUDA_GROUPED && per_group <= fused_max_rows && nt % 8 == 0;
+    return p;
 }

@@ -13,6 +13,8 @@
 //        pool (escha_decode_kernel) and multiplied by cuBLAS / hipBLAS
 //        through ggml's handle, f16 x f16 with f32 accumulation
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
+// Token generation (up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, on the
+// mma path) runs all three in one launch: escha_gemv_kernel's FUSED.
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
 // contract leaves free.
@@ -36,6 +38,10 @@
 #include "escha-plan.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 // ---- host side ---------------------------------------------------------------
 
@@ -64,8 +70,9 @@ bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
 // the H200 two waves beat one by 11% at 5120 -> 17408, hip/bench), keeping
 // at least 8 tile rows per split. per_sm: the kernel's resident blocks per
 // SM (its registers decide), asked once.
+// fused: the fused GEMV, whose splits are whole 128-blocks (escha-plan.h).
 static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_args a, const int64_t n_z, const int64_t z_busy,
-                         const int nsm, cudaStream_t stream) {
+                         const int nsm, cudaStream_t stream, const bool fused = false) {
     if (per_sm == 0) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, ESCHA_THREADS, 0));
@@ -76,6 +83,9 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
     int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(2 * resident / blocks, a.KT / 8));
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
+    if (fused) {
+        a.kt_chunk = escha_cuda_fused_kt_chunk(a.kt_chunk);
+    }
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
     const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);
@@ -88,11 +98,67 @@ static void escha_launch_mm(const escha_mm_args & a, const int64_t n_z, const in
     escha_launch(escha_mm_kernel<K, NTW, MT, MMA>, per_sm, a, n_z, z_busy, nsm, stream);
 }
 
-template <int K, int NTW, int NB>
+template <int K, int NTW, int NB, bool FUSED = false>
 static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
     static int per_sm = 0;
-    escha_launch(escha_gemv_kernel<K, NTW, NB>, per_sm, a, n_z, z_busy, nsm, stream);
+    escha_launch(escha_gemv_kernel<K, NTW, NB, FUSED>, per_sm, a, n_z, z_busy, nsm, stream, FUSED);
 }
+
+// The fused kernel's row limit: ESCHA_CUDA_FUSED_MAX_ROWS, or 0 (off) when
+// GGML_ESCHA_FUSED=0 (for measuring the three-launch path), read once.
+static int64_t escha_fused_max_rows() {
+    static const int64_t v = [] {
+        const char * s = getenv("GGML_ESCHA_FUSED");
+        return s != nullptr && !escha_env_switch(s) ? 0 : ESCHA_CUDA_FUSED_MAX_ROWS;
+    }();
+    return v;
+}
+
+#ifndef GGML_USE_HIP
+// The fused kernel's state between ops: mid (f32 sums) and the arrival
+// counts, all 0 whenever no fused kernel runs (each one puts back what it
+// used), one set per device and stream (the ops of one stream run in
+// order; concurrent streams each get their own). It only grows, and a
+// buffer it outgrows stays allocated: a CUDA graph captured before may
+// still launch kernels that use it. It grows only outside stream capture
+// (the allocation and its zeroing would not run when the graph does):
+// during a capture an op it is too small for gets false and takes the
+// three-launch path.
+static bool escha_fused_state(const int device, cudaStream_t stream, const size_t n_mid, const size_t n_arrive, float *& mid,
+                              unsigned *& arrive) {
+    struct state {
+        float    * mid      = nullptr;
+        unsigned * arrive   = nullptr;
+        size_t     n_mid    = 0;
+        size_t     n_arrive = 0;
+    };
+    static std::mutex lock;
+    static std::map<std::pair<int, cudaStream_t>, state> states;
+    static std::vector<void *> outgrown; // kept, never freed (above)
+    std::lock_guard<std::mutex> guard(lock);
+    state & s = states[{ device, stream }];
+    if (s.n_mid < n_mid || s.n_arrive < n_arrive) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+        if (capture != cudaStreamCaptureStatusNone) {
+            return false;
+        }
+        if (s.mid != nullptr) {
+            outgrown.push_back(s.mid);
+            outgrown.push_back(s.arrive);
+        }
+        s.n_mid    = std::max(n_mid, 2 * s.n_mid);
+        s.n_arrive = std::max(n_arrive, 2 * s.n_arrive);
+        CUDA_CHECK(cudaMalloc((void **) &s.mid, s.n_mid * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void **) &s.arrive, s.n_arrive * sizeof(unsigned)));
+        CUDA_CHECK(cudaMemsetAsync(s.mid, 0, s.n_mid * sizeof(float), stream));
+        CUDA_CHECK(cudaMemsetAsync(s.arrive, 0, s.n_arrive * sizeof(unsigned), stream));
+    }
+    mid    = s.mid;
+    arrive = s.arrive;
+    return true;
+}
+#endif // the fused kernel runs on the mma path, never on HIP
 
 // The dense BLAS path's threshold: ESCHA_CUDA_BLAS_MIN_ROWS, or
 // GGML_ESCHA_BLAS_MIN_ROWS (0 turns the path off), read once.
@@ -169,23 +235,37 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
-    const escha_cuda_plan plan =
-        escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma, escha_blas_min_rows());
+    escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
+                                                escha_blas_min_rows(), escha_fused_max_rows());
+    float    * fused_mid    = nullptr;
+    unsigned * fused_arrive = nullptr;
+#ifndef GGML_USE_HIP
+    if (plan.fused) {
+        plan.fused = escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive);
+    }
+#endif
 
-    ggml_cuda_pool_alloc<half>  xh(ctx.pool(), n_rows * IC);
-    ggml_cuda_pool_alloc<float> mid(ctx.pool(), n_rows * OC);
-
-    // The BLAS product overwrites mid (beta = 0); the others sum into it.
-    const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
+    ggml_cuda_pool_alloc<half>  xh(ctx.pool());
+    ggml_cuda_pool_alloc<float> mid(ctx.pool());
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
-    escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-        rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
+    if (!plan.fused) {
+        xh.alloc(n_rows * IC);
+        mid.alloc(n_rows * OC);
+        // The BLAS product overwrites mid (beta = 0); the others sum into it.
+        const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
+        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
+            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
+    }
 
     escha_mm_args a = {};
     a.code     = (const uint32_t *) op.code->data;
     a.code_es  = (int64_t) (op.code_nb_e / sizeof(uint32_t));
-    a.xh       = xh.get();
-    a.mid      = mid.get();
+    a.xh       = plan.fused ? nullptr : xh.get();
+    a.mid      = plan.fused ? fused_mid : mid.get();
+    a.rows     = rows;
+    a.v        = v;
+    a.dst      = (float *) op.dst->data;
+    a.arrive   = fused_arrive;
     a.KT       = IC / 16;
     a.NT       = OC / 16;
     a.IC       = IC;
@@ -236,6 +316,13 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         } else {
             escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
+    } else if (plan.fused) {
+        if (K == 2) {
+            escha_launch_gemv<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+        } else {
+            escha_launch_gemv<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+        }
+        return; // the kernel applied the output transform
     } else if (plan.nb == 1) {
         if (K == 2) {
             escha_launch_gemv<2, 4, 1>(a, n_z, z_busy, nsm, stream);

@@ -128,9 +128,9 @@ CUDA_KERNEL = [
         ("= b[2]; // the same of output n + 8\n", "= b[1];\n"),
     ], "cuda_shim", "the decode-once kernel swaps a lane's k+8 pair of output n with the k pair of output n+8"),
     M("cuda-xh-trunc", "fast", CUH,
-      "xh[r * IC + i0 + q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));",
+      "h[q] = __float2half_rn(__fmul_rn(u[q], ESCHA_RS_F));",
       "float t = __fmul_rn(u[q], ESCHA_RS_F); uint32_t tb; memcpy(&tb, &t, 4); tb &= ~0x1FFFu; memcpy(&t, &tb, 4);\n"
-      "            xh[r * IC + i0 + q] = __float2half_rn(t);",
+      "        h[q] = __float2half_rn(t);",
       "cuda_shim", "xh converted to f16 by truncation, not rounded to nearest"),
     Mutant("cuda-y-unrounded", "fast", CUH, [
         ("half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));",
@@ -150,6 +150,12 @@ CUDA_KERNEL = [
         ("const half2 ta = __hadd2(__low2half2(ha), __high2half2(ha));", "const half2 ta = escha_mut_trunc_add(ha);"),
         ("const half2 tb = __hadd2(__low2half2(hb), __high2half2(hb));", "const half2 tb = escha_mut_trunc_add(hb);"),
     ], "cuda_shim", "codebook: the two halves' sum truncated, not rounded to nearest"),
+    M("cuda-fused-early", "fast", CUH,
+      "if (before + 1 != 2 * gridDim.y) {", "if (before + 2 != 2 * gridDim.y) {",
+      "cuda_shim", "fused kernel: the output transform run by the next-to-last warp, before the last one's sums are in"),
+    M("cuda-fused-state-kept", "fast", CUH,
+      "                a.mid[r * a.OC + o0 + q] = 0.0f;\n", "",
+      "cuda_shim", "fused kernel: mid not put back to zero for the next op"),
 ]
 
 MUTANTS = CUDA_KERNEL + [

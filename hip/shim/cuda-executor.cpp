@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -68,6 +69,12 @@ void launch(dim3 grid, unsigned threads, const std::function<void()> & kernel) {
 // One OS thread runs every fiber: a plain add is atomic here.
 float atomicAdd(float * p, float v) {
     const float old = *p;
+    *p = old + v;
+    return old;
+}
+
+unsigned atomicAdd(unsigned * p, unsigned v) {
+    const unsigned old = *p;
     *p = old + v;
     return old;
 }
@@ -128,8 +135,15 @@ std::vector<T> nan_filled(size_t n) {
 // Kernel family of a path: 0 token generation (escha_gemv_kernel), 1
 // prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
 // runs it), 3 the weight decoded once (escha_decode_kernel) and multiplied
-// by BLAS (dense only).
-const int k_family_of_path[4] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS };
+// by BLAS (dense only), 4 the fused token-generation kernel (the GEMV's
+// FUSED: one launch, up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, not
+// grouped by expert).
+const int k_family_of_path[5] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV };
+constexpr int k_path_fused = 4;
+
+// What the executor returns for a fused op that left its state (mid, the
+// arrival counts) other than all zero: the next op would start wrong.
+constexpr int k_fused_state_left = -2;
 
 // The decode-once stage: w[oc][ic] from one weight's code, on a grid of
 // `blocks` blocks (fewer than the tiles need: the warps loop).
@@ -167,7 +181,8 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 #endif
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
-            kernel = p.nb == 1   ? escha_gemv_kernel<K, 4, 1>
+            kernel = p.fused     ? escha_gemv_kernel<K, 4, 1, true>
+                     : p.nb == 1 ? escha_gemv_kernel<K, 4, 1>
                      : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
                      : p.nb == 4 ? escha_gemv_kernel<K, 4, 4>
                                  : escha_gemv_kernel<K, 2, 8>;
@@ -183,20 +198,50 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
            int64_t rows_per_group, int64_t n_expert, int ksplit, float * y) {
-    if (path < 0 || path > 3 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0)) {
+    const bool fused = path == k_path_fused;
+    if (path < 0 || path > 4 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
+        (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED))) {
         return -1;
     }
-    const escha_cuda_plan plan =
-        escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, n_expert, a.NT, ESCHA_WARPS);
+    escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, n_expert, a.NT, ESCHA_WARPS);
+    plan.fused = fused;
     void (*kernel)(escha_mm_args) = nullptr;
     const bool blas = plan.family == ESCHA_CUDA_BLAS;
     if (!blas && !(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
         return -1;
     }
     const int IC = a.IC, OC = a.OC;
+    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    if (fused) {
+        // The state escha.cu keeps between ops, zeroed as it is when
+        // allocated; the kernel must leave it so.
+        std::vector<float> mid((size_t) n_rows * OC, 0.0f);
+        std::vector<unsigned> arrive((size_t) plan.n_z * (OC / 128), 0u);
+        a.mid = mid.data();
+        a.arrive = arrive.data();
+        a.rows = rows;
+        a.v = v;
+        a.dst = y;
+        a.n_x = (int) plan.n_x;
+        ksplit     = std::max(1, std::min(ksplit, a.KT));
+        a.kt_chunk = escha_cuda_fused_kt_chunk((a.KT + ksplit - 1) / ksplit);
+        ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+        escha_consts_fill(a.dc);
+        launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+        for (const float m : mid) {
+            if (m != 0.0f || std::signbit(m)) {
+                return k_fused_state_left;
+            }
+        }
+        for (const unsigned c : arrive) {
+            if (c != 0) {
+                return k_fused_state_left;
+            }
+        }
+        return 0;
+    }
     auto xh  = nan_filled<half>((size_t) n_rows * IC);
     auto mid = nan_filled<float>((size_t) n_rows * OC);
-    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
     // As escha.cu: mid is zeroed only where the multiply sums into it.
     launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
         escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);

@@ -134,6 +134,14 @@ static inline T __ldg(const T * p) {
     return *p;
 }
 
+// One OS thread runs every block, in order: memory is always coherent.
+template <typename T>
+static inline T __ldcg(const T * p) {
+    return *p;
+}
+
+static inline void __threadfence() {}
+
 static inline float __uint_as_float(uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);
@@ -161,6 +169,7 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 
 // ---- cross-thread operations (cuda-executor.cpp) -------------------------------
 float atomicAdd(float * p, float v);
+unsigned atomicAdd(unsigned * p, unsigned v);
 
 // Every lane of the calling wavefront hands in v and gets lane src's v.
 // local: every lane's src is in its own 32 lanes, which then are all that
@@ -205,6 +214,13 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 3
     (void) mask;
     const int lane = escha_fibers::thread_index();
     return escha_shim_exchange(v, (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1)), true);
+}
+
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    (void) mask;
+    const int lane = escha_fibers::thread_index();
+    return escha_shim_exchange(v, (lane & ~(width - 1)) | (src & (width - 1)), true);
 }
 #endif
 

@@ -274,6 +274,12 @@ pub const SIMT: i32 = 2;
 /// the weight decoded once (escha_decode_kernel), then a BLAS product
 /// (dense; CUDA and HIP alike)
 pub const BLAS: i32 = 3;
+/// the fused token-generation kernel: escha_gemv_kernel computing its own
+/// xh and applying the output transform (one launch, up to 4 rows a group,
+/// not grouped by expert), on state that must start and end at zero
+pub const FUSED: i32 = 4;
+/// What the executor returns when the fused kernel left its state nonzero.
+const FUSED_STATE_LEFT: i32 = -2;
 
 /// The entry points of one build of the executor: as CUDA, or with
 /// GGML_USE_HIP (whose only multiply kernel is the SIMT one, so there every
@@ -372,6 +378,7 @@ impl CudaShim {
                 opt(p.s_in.as_deref()), opt(p.s_out.as_deref()), opt(p.bias.as_deref()), got.as_mut_ptr(), path, ksplit,
             )
         };
+        assert_ne!(rc, FUSED_STATE_LEFT, "{}: the fused kernel left mid or its arrival counts nonzero (m={m})", self.name);
         assert_eq!(rc, 0, "{}: the executor rejected a valid dense case", self.name);
         let what = format!(
             "{} multiply K={k} {ic}x{oc} m={m} path={path} ksplit={ksplit} scales={} bias={}",
@@ -411,10 +418,20 @@ impl CudaShim {
                 for (m, ksplit) in [(1, 1), (33, 2), (70, 2)] {
                     all.push(self.dense_case(&p, m, BLAS, ksplit, 600 + m as u64));
                 }
+                // Fused, one launch: 1-4 rows, one split or several (whole
+                // 128-blocks: a split of 6 tile rows becomes 8).
+                for (m, ksplit) in [(1, 1), (1, 3), (2, 2), (3, 1), (4, 5)] {
+                    all.push(self.dense_case(&p, m, FUSED, ksplit, 700 + m as u64));
+                }
                 let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
                 all.push(self.dense_case(&p, 2, GEMV, 2, 502));
                 all.push(self.dense_case(&p, 2, SIMT, 1, 503));
+                all.push(self.dense_case(&p, 1, FUSED, 2, 504));
             }
+            // Fused with more tile rows than one split's staging holds (40 > 32).
+            let p = dense_problem(13 * k as u64, k, 640, 256, true, true);
+            all.push(self.dense_case(&p, 1, FUSED, 1, 801));
+            all.push(self.dense_case(&p, 4, FUSED, 3, 804));
         }
         summarize(&format!("{} dense", self.name), &all);
     }
@@ -429,6 +446,7 @@ impl CudaShim {
                 opt(d.s_out.as_deref()), rows, opt(d.bias.as_deref()), rows, y.as_mut_ptr(), grouped as i32, self.path(path), ksplit,
             )
         };
+        assert_ne!(rc, FUSED_STATE_LEFT, "{}: the fused kernel left mid or its arrival counts nonzero", self.name);
         assert_eq!(rc, 0, "{}: the executor rejected a valid MoE case", self.name);
         y
     }
@@ -461,6 +479,8 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, GEMV, 1, 501));
                 all.push(self.moe_case(&d, &route(5, 5, 2, nx, 4, 2), false, GEMV, 3, 505));
                 all.push(self.moe_case(&d, &route(6, 5, 2, nx, 4, 2), false, SIMT, 1, 506));
+                all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
+                all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
                 // Grouped by expert: 8- and 16-row token-generation blocks, prefill, SIMT.
                 all.push(self.moe_case(&d, &route(9, 9, 2, nx, 4, 2), true, GEMV, 1, 509));
                 all.push(self.moe_case(&d, &route(16, 16, 2, nx, 4, 2), true, GEMV, 2, 516));
@@ -471,6 +491,7 @@ impl CudaShim {
             // ids as a view of a wider tensor; scales and bias shared by all experts.
             let d = MoeData::new(70 + k as u64, k, 8, 128, 256, true, true);
             all.push(self.moe_case(&d, &route(71, 5, 3, 3, 8, 8), false, GEMV, 1, 705));
+            all.push(self.moe_case(&d, &route(74, 3, 3, 3, 8, 8), false, FUSED, 2, 706));
             all.push(self.moe_case(&d, &route(72, 20, 3, 1, 8, 8), true, PREFILL, 1, 720));
             all.push(self.moe_case(&d, &route(73, 12, 3, 1, 8, 8), true, GEMV, 1, 712));
         }
@@ -483,7 +504,9 @@ impl CudaShim {
     /// every kernel.
     pub fn moe_invalid_id_gives_nan(&self) {
         let d = MoeData::new(90, 2, 4, 128, 128, true, false);
-        for (t, grouped, path) in [(9, false, GEMV), (9, false, SIMT), (9, true, GEMV), (33, true, PREFILL), (17, true, SIMT)] {
+        for (t, grouped, path) in
+            [(9, false, GEMV), (9, false, SIMT), (9, false, FUSED), (9, true, GEMV), (33, true, PREFILL), (17, true, SIMT)]
+        {
             let mut r = route(91, t, 2, 1, 4, 2);
             r.ids[5] = 4; // token 2, slot 1: one past the last expert
             r.ids[8] = -3; // token 4, slot 0
