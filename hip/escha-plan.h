@@ -44,9 +44,9 @@ static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
 
 // The fused GEMV (one launch per op: input transform, multiply and output
 // transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
-// most this many rows (token generation, speculative verify windows; the
-// redundant per-warp xh grows with the rows), dense or one MoE slot a
-// group, on the mma path; GGML_ESCHA_FUSED=0 turns it off. Its IC splits
+// most this many rows, on the mma path; the plan gives it MoE decode slots
+// (one row a group) only, the shim runs it dense too; GGML_ESCHA_FUSED=0
+// turns it off. Its IC splits
 // are whole 128-blocks, at most ESCHA_CUDA_FUSED_KT_MAX tile rows (the
 // warp's xh is staged in shared memory).
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
@@ -121,6 +121,10 @@ static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int
     const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
     const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > gemv_max ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
     escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
-    p.fused = family == ESCHA_CUDA_GEMV && mode != ESCHA_CUDA_GROUPED && per_group <= fused_max_rows && nt % 8 == 0;
+    // Measured on the H200 (docs/PERFORMANCE.md): the fused kernel wins for
+    // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
+    // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
+    // per-warp xh comes before the decode), so dense ops keep three launches.
+    p.fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
     return p;
 }

@@ -13,8 +13,8 @@
 //        pool (escha_decode_kernel) and multiplied by cuBLAS / hipBLAS
 //        through ggml's handle, f16 x f16 with f32 accumulation
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
-// Token generation (up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, on the
-// mma path) runs all three in one launch: escha_gemv_kernel's FUSED.
+// MoE decode slots (the plan's fused GEMV, on the
+// mma path) run all three stages in one launch: escha_gemv_kernel's FUSED.
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
 // contract leaves free.
