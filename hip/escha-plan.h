@@ -46,19 +46,22 @@ static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
 // transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
 // most this many rows, on the mma path; the plan gives it MoE decode slots
 // (one row a group) only, the shim runs it dense too; GGML_ESCHA_FUSED=0
-// turns it off. Its IC splits
-// are whole 128-blocks, at most ESCHA_CUDA_FUSED_KT_MAX tile rows (the
-// warp's xh is staged in shared memory).
+// turns it off. Its IC splits are whole 128-blocks, at most
+// ESCHA_CUDA_FUSED_KT_MAX tile rows (the warp's xh is staged in shared
+// memory).
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 
-// A fused kernel's tile rows per split from the unfused choice: up to whole
-// 128-blocks (8 tile rows), and no more than the staging holds.
-static constexpr int escha_cuda_fused_kt_chunk(const int kt_chunk) {
-    return ((kt_chunk + 7) / 8 * 8) < ESCHA_CUDA_FUSED_KT_MAX ? (kt_chunk + 7) / 8 * 8 : ESCHA_CUDA_FUSED_KT_MAX;
+// Tile rows per IC split for about ksplit splits of KT tile rows (the
+// grid's y is then ceil(KT / chunk)); fused: up to whole 128-blocks (8
+// tile rows), and no more than the fused kernel's staging holds.
+static constexpr int escha_cuda_kt_chunk(const int KT, const int ksplit, const bool fused) {
+    const int c = (KT + ksplit - 1) / ksplit;
+    return !fused ? c : (c + 7) / 8 * 8 < ESCHA_CUDA_FUSED_KT_MAX ? (c + 7) / 8 * 8 : ESCHA_CUDA_FUSED_KT_MAX;
 }
-static_assert(escha_cuda_fused_kt_chunk(1) == 8 && escha_cuda_fused_kt_chunk(11) == 16 && escha_cuda_fused_kt_chunk(16) == 16 &&
-                  escha_cuda_fused_kt_chunk(109) == 32,
+static_assert(escha_cuda_kt_chunk(320, 30, false) == 11 && escha_cuda_kt_chunk(320, 30, true) == 16 &&
+                  escha_cuda_kt_chunk(8, 1, true) == 8 && escha_cuda_kt_chunk(16, 1, true) == 16 &&
+                  escha_cuda_kt_chunk(1088, 10, true) == 32,
               "whole 128-blocks, at most the staging");
 
 // Dense ops of at least this many rows take the BLAS path (the crossover

@@ -82,10 +82,7 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     const int64_t resident = (int64_t) per_sm * nsm;
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
     int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(2 * resident / blocks, a.KT / 8));
-    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
-    if (fused) {
-        a.kt_chunk = escha_cuda_fused_kt_chunk(a.kt_chunk);
-    }
+    a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
     const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);

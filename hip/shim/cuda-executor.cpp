@@ -20,6 +20,7 @@
 // one test binary, so everything but the entry points has internal linkage
 // (the kernels' inline members differ between the two builds).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -212,60 +213,43 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     }
     const int IC = a.IC, OC = a.OC;
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
-    if (fused) {
-        // The state escha.cu keeps between ops, zeroed as it is when
-        // allocated; the kernel must leave it so.
-        std::vector<float> mid((size_t) n_rows * OC, 0.0f);
-        std::vector<unsigned> arrive((size_t) plan.n_z * (OC / 128), 0u);
-        a.mid = mid.data();
-        a.arrive = arrive.data();
-        a.rows = rows;
-        a.v = v;
-        a.dst = y;
-        a.n_x = (int) plan.n_x;
-        ksplit     = std::max(1, std::min(ksplit, a.KT));
-        a.kt_chunk = escha_cuda_fused_kt_chunk((a.KT + ksplit - 1) / ksplit);
-        ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-        escha_consts_fill(a.dc);
-        launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
-        for (const float m : mid) {
-            if (m != 0.0f || std::signbit(m)) {
-                return k_fused_state_left;
-            }
-        }
-        for (const unsigned c : arrive) {
-            if (c != 0) {
-                return k_fused_state_left;
-            }
-        }
-        return 0;
+    // The fused kernel's mid and arrival counts: the state escha.cu keeps
+    // between ops, zeroed as it is when allocated; the kernel must leave it
+    // so. The other paths' scratch starts NaN.
+    auto xh  = nan_filled<half>(fused ? 0 : (size_t) n_rows * IC);
+    auto mid = fused ? std::vector<float>((size_t) n_rows * OC, 0.0f) : nan_filled<float>((size_t) n_rows * OC);
+    std::vector<unsigned> arrive(fused ? (size_t) plan.n_z * (OC / 128) : 0, 0u);
+    if (!fused) {
+        // As escha.cu: mid is zeroed only where the multiply sums into it.
+        launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
+            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);
+        });
     }
-    auto xh  = nan_filled<half>((size_t) n_rows * IC);
-    auto mid = nan_filled<float>((size_t) n_rows * OC);
-    // As escha.cu: mid is zeroed only where the multiply sums into it.
-    launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);
-    });
     if (blas) {
         auto w = nan_filled<half>((size_t) IC * OC);
         // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
         decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
         blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
-        launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-            escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
-        });
-        return 0;
+    } else {
+        a.xh      = fused ? nullptr : xh.data();
+        a.mid     = mid.data();
+        a.arrive  = arrive.data();
+        a.rows    = rows;
+        a.v       = v;
+        a.dst     = y;
+        a.n_x     = (int) plan.n_x;
+        a.mblocks = plan.mblocks;
+        ksplit     = std::max(1, std::min(ksplit, a.KT));
+        a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
+        ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
+        escha_consts_fill(a.dc);
+        launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
     }
-    a.xh  = xh.data();
-    a.mid = mid.data();
-    a.n_x     = (int) plan.n_x;
-    a.mblocks = plan.mblocks;
-    const int64_t n_z = plan.n_z;
-    ksplit     = std::max(1, std::min(ksplit, a.KT));
-    a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
-    ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-    escha_consts_fill(a.dc);
-    launch(dim3((unsigned) (a.n_x * n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+    if (fused) {
+        const bool clean = std::all_of(mid.begin(), mid.end(), [](const float m) { return m == 0.0f && !std::signbit(m); }) &&
+                           std::all_of(arrive.begin(), arrive.end(), [](const unsigned c) { return c == 0; });
+        return clean ? 0 : k_fused_state_left;
+    }
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
         escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
     });
