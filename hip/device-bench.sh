@@ -33,9 +33,10 @@
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
-#   perf     test-backend-ops perf: escha ops (shipped plan, fused kernel
-#            off, BLAS path off, BLAS path always) and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16
-#            weights of the same shapes
+#   perf     test-backend-ops perf: escha ops (shipped plan, dependent
+#            launch off, fused kernel off, BLAS path off, BLAS path always)
+#            and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16 weights of the
+#            same shapes
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
 #            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin
 #            (needs no build: run it in the background while building)
@@ -45,7 +46,9 @@
 #            for the 16-layer dense twin on 16 cores), then the twin is deleted
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
 #   graphs   llama-bench tg128 / pp512 with CUDA graphs and with
-#            GGML_CUDA_DISABLE_GRAPHS=1, escha and Q4_K_M models present
+#            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
+#   pdl      the same with programmatic dependent launch and with
+#            GGML_CUDA_PDL=0
 #   batched  llama-batched-bench at 1, 4, 16, 32 sequences, every model
 #            present (device-build.sh llama-batched-bench)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
@@ -120,6 +123,23 @@ mtp_gen() {
 }
 # The mtp step's model of weights $1, for DENSE_LAYERS layers.
 mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
+# llama-bench tg128 / pp512 of the escha, Q4_K_M and IQ2_XXS models present, with
+# the default settings ("on") and with the environment setting $2 ("off");
+# logs named after $1.
+bench_on_off() {
+    local tag=$1 setting=$2 m f g
+    for m in $MODELS; do
+        for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+            [ -f "$f" ] || continue
+            for g in on off; do
+                env $([ $g = off ] && echo "$setting") $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
+                    > "$out/$tag-$(basename "$f" .gguf)-$g.md" 2>&1 || die "$tag: llama-bench $f ($g) failed"
+                echo "== $(basename "$f"), $tag $g"
+                grep -E "pp512|tg128" "$out/$tag-$(basename "$f" .gguf)-$g.md"
+            done
+        done
+    done
+}
 # GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
 # MUTANTS="id ..." picks some, in that order.
 bd=.device-build/build
@@ -274,7 +294,7 @@ for step in "$@"; do
         # launches an op), the dense BLAS path forced off and on (the
         # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
         # f16 (cuBLAS) at the same shapes.
-        for v in shipped: unfused:GGML_ESCHA_FUSED=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1; do
+        for v in shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1; do
             tag=${v%%:*} setting=${v#*:}
             env $setting $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE \
                 > "$out/perf-escha-$tag.log" 2>&1 || die "perf: escha ops ($tag) failed"
@@ -372,19 +392,12 @@ for step in "$@"; do
         done ;;
     graphs)
         # CUDA graphs (llama.cpp captures every graph whose properties stay
-        # the same from one call to the next): tg128 and pp512 with capture
-        # and with GGML_CUDA_DISABLE_GRAPHS=1, escha against Q4_K_M.
-        for m in $MODELS; do
-            for f in $M/$m-escha.gguf $M/$m-q4km.gguf; do
-                [ -f "$f" ] || { echo "missing $f"; continue; }
-                for g in on off; do
-                    env $([ $g = off ] && echo GGML_CUDA_DISABLE_GRAPHS=1) $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
-                        > "$out/graphs-$(basename "$f" .gguf)-$g.md" 2>&1 || die "graphs: llama-bench $f ($g) failed"
-                    echo "== $(basename "$f"), graphs $g"
-                    grep -E "pp512|tg128" "$out/graphs-$(basename "$f" .gguf)-$g.md"
-                done
-            done
-        done ;;
+        # the same from one call to the next): with capture and without.
+        bench_on_off graphs GGML_CUDA_DISABLE_GRAPHS=1 ;;
+    pdl)
+        # Programmatic dependent launch (escha's kernels and upstream's):
+        # with it and with GGML_CUDA_PDL=0.
+        bench_on_off pdl GGML_CUDA_PDL=0 ;;
     batched)
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"

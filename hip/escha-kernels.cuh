@@ -17,6 +17,33 @@
 #define ESCHA_HAVE_MMA 1
 #endif
 
+// Programmatic dependent launch (Hopper and later): escha.cu launches every
+// kernel the way the pinned ggml-cuda launches its own (ggml_cuda_kernel_launch;
+// GGML_CUDA_PDL=0 turns it off), so that its blocks are resident and waiting
+// when the kernel before it ends instead of being launched then. Each kernel
+// calls escha_pdl_wait() first, before it reads or writes anything but its
+// parameters: the kernel before it (its xh, mid, ids, or a pool buffer that
+// this op's scratch reuses) is then complete and visible; and then lets the
+// next kernel launch (escha_pdl_release(): that one waits for all of this one
+// in turn). What a kernel reads or writes after the wait is not passed
+// __restrict__ (nvcc may hoist such a load above the wait; and a kernel's
+// parameter types must not differ between nvcc's host and device passes,
+// which GGML_CUDA_RESTRICT's would); only the code words, which no kernel
+// writes, are.
+#if defined(GGML_CUDA_USE_PDL) && !defined(ESCHA_CUDA_SHIM)
+static __device__ __forceinline__ void escha_pdl_wait() { ggml_cuda_pdl_sync(); }
+static __device__ __forceinline__ void escha_pdl_release() { ggml_cuda_pdl_lc(); }
+#else
+static __device__ __forceinline__ void escha_pdl_wait() {}
+static __device__ __forceinline__ void escha_pdl_release() {}
+#endif
+
+// The start of every escha kernel (above).
+static __device__ __forceinline__ void escha_kernel_begin() {
+    escha_pdl_wait();
+    escha_pdl_release();
+}
+
 static constexpr float ESCHA_RS_F   = ESCHA_RS;        // f32(1/sqrt(128)) (escha-format.h)
 static constexpr int   ESCHA_LANES  = 32;              // logical warp width
 static constexpr int   ESCHA_WARPS  = 4;               // logical warps per block
@@ -115,8 +142,9 @@ static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, co
 // The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
 // next kernel, which saves a memset node per op.
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
-        const escha_rows rows, const escha_vecs v, half * __restrict__ xh, const int64_t n_rows, const int IC,
-        float4 * __restrict__ mid, const int64_t n_mid4) {
+        const escha_rows rows, const escha_vecs v, half * xh, const int64_t n_rows, const int IC,
+        float4 * mid, const int64_t n_mid4) {
+    escha_kernel_begin();
     const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
     for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
         mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -143,7 +171,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
 // again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
 // output transform kernel and the fused kernel's epilogue both run this.
 static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
-                                                      const int o0, const int lane, const int OC, float * __restrict__ dst) {
+                                                      const int o0, const int lane, const int OC, float * dst) {
     int e;
     bool bad;
     rows.row(r, e, bad);
@@ -165,8 +193,9 @@ static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, c
 // The output transform of every row; block: 4 logical warps, one 128-block
 // each; grid (ceil(OC/512), rows).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
-        const escha_rows rows, const escha_vecs v, const float * __restrict__ mid, float * __restrict__ dst,
+        const escha_rows rows, const escha_vecs v, const float * mid, float * dst,
         const int64_t n_rows, const int OC) {
+    escha_kernel_begin();
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     if (blk * 128 >= OC) {
@@ -340,7 +369,8 @@ static __host__ __device__ __forceinline__ int64_t escha_decode_units(const int 
 // over the units it owns); escha_decode_blocks gives one unit a warp.
 template <int K>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
-        const uint32_t * __restrict__ code, half * __restrict__ w, const int KT, const int NT, const escha_consts dc) {
+        const uint32_t * __restrict__ code, half * w, const int KT, const int NT, const escha_consts dc) {
+    escha_kernel_begin(); // w: pool scratch an earlier kernel may have used
     constexpr int W = 8 * K, SROW = ESCHA_DECODE_SROW;
     __shared__ __align__(16) uint32_t stage[ESCHA_WARPS][16 * SROW]; // read back as uint4
     const int lane = threadIdx.x % ESCHA_LANES, wi = threadIdx.x / ESCHA_LANES;
@@ -505,6 +535,7 @@ template <int K, int NTW, int MT, bool MMA>
 static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm_kernel(const escha_mm_args a) {
     constexpr int W    = 8 * K;   // 32-bit words per tile
     constexpr int ROWS = MT * 16;
+    escha_kernel_begin(); // before init, which reads the ids or the expert grouping
     escha_warp_work work;
     if (!work.init(a, NTW, ROWS, W) || work.g.count == 0) {
         return;
@@ -681,6 +712,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     constexpr int W    = 8 * K;
     constexpr int ROWS = NB * 8;
     static_assert(!FUSED || (NB == 1 && NTW == 4), "the fused kernel: 8-row blocks, 128 outputs a warp pair");
+    escha_kernel_begin(); // before init, which reads the ids
     escha_warp_work work;
     if (!work.init(a, NTW, ROWS, W) || (!FUSED && work.g.count == 0)) {
         return;

@@ -64,6 +64,17 @@ bool ggml_cuda_escha_supports_op(const ggml_tensor * op) {
     return escha_cuda_parse(op, &parsed, err, sizeof err) == nullptr;
 }
 
+// Every escha kernel goes through ggml-cuda's own launcher: on Hopper and
+// later a programmatic dependent launch (the kernels' escha_kernel_begin,
+// escha-kernels.cuh), as the pinned tree launches its kernels, so that no
+// stage waits for a launch after the one before it ends; a plain launch
+// elsewhere. GGML_CUDA_PDL=0 turns it off for all of them.
+template <typename Kernel, typename... Args>
+static void escha_kernel_launch(Kernel kernel, const dim3 grid, cudaStream_t stream, Args &&... args) {
+    ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, dim3(ESCHA_THREADS, 1, 1), (size_t) 0, stream),
+                            std::forward<Args>(args)...);
+}
+
 // Launches a decode-and-multiply kernel over n_z groups, of which about
 // z_busy have rows. IC is split until the grid fills two waves of resident
 // blocks (more blocks in flight hide the load -> decode -> mma latency; on
@@ -86,7 +97,7 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
     const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);
-    kernel<<<grid, ESCHA_THREADS, 0, stream>>>(a);
+    escha_kernel_launch(kernel, grid, stream, a);
 }
 
 template <int K, int NTW, int MT, bool MMA>
@@ -177,8 +188,7 @@ static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K,
     escha_consts_fill(dc);
     const int64_t blocks = escha_decode_blocks(a.KT, a.NT);
     GGML_ASSERT(blocks < INT32_MAX && a.n_rows < INT32_MAX);
-    escha_decode_kernel_for(K)<<<(unsigned) blocks, ESCHA_THREADS, 0, stream>>>(a.code, w.get(), a.KT, a.NT, dc);
-    CUDA_CHECK(cudaGetLastError());
+    escha_kernel_launch(escha_decode_kernel_for(K), dim3((unsigned) blocks, 1, 1), stream, a.code, w.get(), a.KT, a.NT, dc);
     // Column-major for BLAS: mid (OC x n_rows, ld OC) = w^T (w: IC x OC, ld IC) * xh (IC x n_rows, ld IC).
     const float alpha = 1.0f, beta = 0.0f;
     cublasHandle_t handle = ctx.cublas_handle();
@@ -250,8 +260,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         mid.alloc(n_rows * OC);
         // The BLAS product overwrites mid (beta = 0); the others sum into it.
         const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
-        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
+        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
+                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
     }
 
     escha_mm_args a = {};
@@ -348,8 +358,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
 #endif
     }
 
-    escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), ESCHA_THREADS, 0, stream>>>(
-        rows, v, mid.get(), (float *) op.dst->data, n_rows, OC);
+    escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
+                        rows, v, (const float *) mid.get(), (float *) op.dst->data, n_rows, OC);
 }
 
 static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {

@@ -306,6 +306,10 @@ MUTANTS += [
       "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);",
       "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
       "device_tbo", "host plan: the grid one IC split short (its tile rows never summed)"),
+    M("gpu-pdl-out-early", "gpu", CUH,
+      "        const int64_t n_rows, const int OC) {\n    escha_kernel_begin();\n",
+      "        const int64_t n_rows, const int OC) {\n    escha_pdl_release();\n",
+      "device_tbo", "dependent launch: the output transform reads mid without waiting for the multiply to end"),
 ]
 
 # ---- helpers -----------------------------------------------------------------
