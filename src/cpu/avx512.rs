@@ -198,6 +198,46 @@ unsafe fn group_windows_of<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, g: usi
     [w0, if K == 3 { window::<K>(t, &tabs[1][g]) } else { w0 }]
 }
 
+/// K=3, per lane of group `g`: the ring index of the word after stretch 0's
+/// two (`idx_b + 1 mod 24`), for [`group_windows_k3`].
+static TAB3_NEXT: [[i32; 16]; 2] = {
+    let mut n = [[0i32; 16]; 2];
+    let mut g = 0;
+    while g < 2 {
+        let mut i = 0;
+        while i < 16 {
+            let rw = &TAB3[0][g];
+            // The funnel shifts take the window's offset alone.
+            assert!(rw.shl[i] < 32 && rw.shr[i] == 32 - rw.shl[i]);
+            n[g][i] = (rw.idx_b[i] + 1) % 24;
+            i += 1;
+        }
+        g += 1;
+    }
+    n
+};
+
+/// K=3's two windows of group `g` ([`group_windows_of`]'s) in three
+/// permutes and three funnel shifts, where that takes four permutes and six
+/// shifts and ors: a lane's stretch 1 ends 12 bits after its stretch 0, so
+/// it is stretch 0 shifted up by 12 under the top of the 32 bits that
+/// follow stretch 0, which lie in the next two words at the same offset.
+/// The permutes share one port with the GEMV's byte multishifts.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F and VBMI2.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vbmi2")]
+unsafe fn group_windows_k3(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
+    let rw = &TAB3[0][g];
+    let word = |idx: __m512i| _mm512_permutex2var_epi32(t[0], idx, t[1]);
+    let (a, b, c) = (word(ld16(&rw.idx_a)), word(ld16(&rw.idx_b)), word(ld16(&TAB3_NEXT[g])));
+    let off = ld16(&rw.shl);
+    let w0 = _mm512_shldv_epi32(a, b, off);
+    let after = _mm512_shldv_epi32(b, c, off);
+    [w0, _mm512_shldi_epi32::<12>(w0, after)]
+}
+
 /// Each quarter of `acc[g*2 + jh]` sums into column `4g + 8jh + quarter`.
 ///
 /// # Safety
@@ -232,15 +272,16 @@ unsafe fn tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 
     }
 }
 
-/// [`tile_fma`] with the pairs of [`pair_fp16_scaled`] (inputs times 2^112).
+/// [`tile_fma`] with the pairs of [`pair_fp16_scaled`] (inputs times 2^112),
+/// K=3's windows from [`group_windows_k3`].
 ///
 /// # Safety
-/// 1. The CPU supports AVX-512F, BW, VBMI and FP16.
+/// 1. The CPU supports AVX-512F, BW, VBMI, VBMI2 and FP16.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16")]
 unsafe fn tile_fma_fp16<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
     for g in 0..2 {
-        let w = group_windows_of::<K>(t, tabs, g);
+        let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_of::<K>(t, tabs, g) };
         for p in 0..4 {
             let (a, b) = pair_fp16_scaled::<K>(&w, p);
             let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
@@ -328,7 +369,7 @@ macro_rules! decode_paths {
 }
 
 decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows);
-decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
+decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
 
 /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec`, two rows
 /// at a time against all 8 tiles of the block: per input `r`, 8 weight
@@ -399,6 +440,43 @@ mod tests {
     use super::*;
     use crate::cpu::dispatch::Isa;
 
+    /// [`group_windows_k3`] gives [`group_windows_of`]'s two K=3 windows,
+    /// every lane of both groups, on random tiles and on tiles with one bit
+    /// set (each ring position once).
+    #[test]
+    fn k3_windows_by_funnel_shifts() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2")) {
+            println!("k3_windows_by_funnel_shifts: skipped, this CPU lacks AVX-512F or VBMI2");
+            return;
+        }
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut tiles: Vec<[u32; 24]> = (0..768).map(|b| core::array::from_fn(|w| if w == b / 32 { 1 << (b % 32) } else { 0 })).collect();
+        tiles.extend((0..256).map(|_| {
+            core::array::from_fn(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u32
+            })
+        }));
+        for (n, words) in tiles.iter().enumerate() {
+            for g in 0..2 {
+                let (mut want, mut got) = ([[0u32; 16]; 2], [[0u32; 16]; 2]);
+                // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
+                // loads read 16 and 8 of the 24 words.
+                unsafe {
+                    let t = [_mm512_loadu_si512(words.as_ptr() as *const _), _mm512_castsi256_si512(_mm256_loadu_si256(words.as_ptr().add(16) as *const __m256i))];
+                    let (w, f) = (group_windows_of::<3>(&t, &TAB3, g), group_windows_k3(&t, g));
+                    for h in 0..2 {
+                        _mm512_storeu_si512(want[h].as_mut_ptr() as *mut _, w[h]);
+                        _mm512_storeu_si512(got[h].as_mut_ptr() as *mut _, f[h]);
+                    }
+                }
+                assert_eq!(got, want, "tile {n}, group {g}");
+            }
+        }
+    }
+
     /// Every one of the 65536 states through [`pair_fp16_scaled`] is the C
     /// reference's codebook value (`cref::cb_half`) times 2^-112, bit for bit:
     /// the bit trick needs every such sum to be zero or normal. K=2 pair 3
@@ -407,7 +485,7 @@ mod tests {
     #[test]
     fn codebook_sums_scale_exactly() {
         if !Isa::Avx512Fp16.available() {
-            println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI or FP16");
+            println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI, VBMI2 or FP16");
             return;
         }
         let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();

@@ -44,6 +44,7 @@ impl Isa {
                 is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vbmi")
+                    && is_x86_feature_detected!("avx512vbmi2")
                     && is_x86_feature_detected!("avx512fp16")
             }
             #[cfg(target_arch = "aarch64")]
