@@ -221,6 +221,9 @@ MUTANTS = CUDA_KERNEL + [
       "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(s, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
       "    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(_mm512_mask_xor_epi32(b, hit, b, _mm512_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX-512 FP16 GEMV codebook (the scaled bit trick) one f16 ulp off for 1/256 of the states", needs="avx512_fp16"),
+    M("avx512fp16-k3-second-window", "fast", "src/cpu/avx512.rs",
+      "_mm512_shldi_epi32::<12>(w0, after)", "_mm512_shldi_epi32::<11>(w0, after)",
+      "stage_tests", "AVX-512 FP16 GEMV, K=3: each lane's second window one bit off", needs="avx512_fp16"),
     M("avx512-rows-block-input", "fast", "src/cpu/avx512.rs",
       "                    acc[q][tl] = _mm512_fmadd_ps(w, xb[q], acc[q][tl]);",
       "                    acc[q][tl] = _mm512_fmadd_ps(w, xb[0], acc[q][tl]);",
