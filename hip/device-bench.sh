@@ -130,7 +130,7 @@ bench_on_off() {
     local tag=$1 setting=$2 m f g
     for m in $MODELS; do
         for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-            [ -f "$f" ] || continue
+            [ -f "$f" ] || { echo "missing $f"; continue; }
             for g in on off; do
                 env $([ $g = off ] && echo "$setting") $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
                     > "$out/$tag-$(basename "$f" .gguf)-$g.md" 2>&1 || die "$tag: llama-bench $f ($g) failed"
@@ -290,8 +290,8 @@ for step in "$@"; do
         [ $n -gt 0 ] || die "mutants: none selected"
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
-        # The shipped plan, then the fused token-generation kernel off (three
-        # launches an op), the dense BLAS path forced off and on (the
+        # The shipped plan, then dependent launches off (GGML_CUDA_PDL=0),
+        # the fused token-generation kernel off (three launches an op), the dense BLAS path forced off and on (the
         # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
         # f16 (cuBLAS) at the same shapes.
         for v in shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1; do
