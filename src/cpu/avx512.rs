@@ -198,6 +198,29 @@ unsafe fn group_windows_of<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, g: usi
     [w0, if K == 3 { window::<K>(t, &tabs[1][g]) } else { w0 }]
 }
 
+/// K=2's window of group `g` ([`group_windows_of`]'s) in one funnel shift
+/// (VBMI2) where that takes two shifts and an or: every lane's right shift
+/// is 32 less its left one (checked below), which is what `vpshldvd` takes.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F and VBMI2.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vbmi2")]
+unsafe fn group_windows_k2(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
+    const {
+        let mut i = 0;
+        while i < 32 {
+            let rw = &TAB2[0][i / 16];
+            assert!(rw.shl[i % 16] < 32 && rw.shr[i % 16] == 32 - rw.shl[i % 16]);
+            i += 1;
+        }
+    }
+    let rw = &TAB2[0][g];
+    let (a, b) = (_mm512_permutexvar_epi32(ld16(&rw.idx_a), t[0]), _mm512_permutexvar_epi32(ld16(&rw.idx_b), t[0]));
+    let w0 = _mm512_shldv_epi32(a, b, ld16(&rw.shl));
+    [w0, w0]
+}
+
 /// K=3, per lane of group `g`: the ring index of the word after stretch 0's
 /// two (`idx_b + 1 mod 24`), for [`group_windows_k3`].
 static TAB3_NEXT: [[i32; 16]; 2] = {
@@ -273,15 +296,15 @@ unsafe fn tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 
 }
 
 /// [`tile_fma`] with the pairs of [`pair_fp16_scaled`] (inputs times 2^112),
-/// K=3's windows from [`group_windows_k3`].
+/// the windows from [`group_windows_k2`] and [`group_windows_k3`].
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F, BW, VBMI, VBMI2 and FP16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16")]
-unsafe fn tile_fma_fp16<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+unsafe fn tile_fma_fp16<const K: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
     for g in 0..2 {
-        let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_of::<K>(t, tabs, g) };
+        let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_k2(t, g) };
         for p in 0..4 {
             let (a, b) = pair_fp16_scaled::<K>(&w, p);
             let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
@@ -471,6 +494,40 @@ mod tests {
                         _mm512_storeu_si512(want[h].as_mut_ptr() as *mut _, w[h]);
                         _mm512_storeu_si512(got[h].as_mut_ptr() as *mut _, f[h]);
                     }
+                }
+                assert_eq!(got, want, "tile {n}, group {g}");
+            }
+        }
+    }
+
+    /// [`group_windows_k2`] gives [`group_windows_of`]'s K=2 window, every
+    /// lane of both groups, on tiles with one bit set (each ring position
+    /// once) and on random ones.
+    #[test]
+    fn k2_window_by_funnel_shift() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2")) {
+            println!("k2_window_by_funnel_shift: skipped, this CPU lacks AVX-512F or VBMI2");
+            return;
+        }
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut tiles: Vec<[u32; 16]> = (0..512).map(|b| core::array::from_fn(|w| if w == b / 32 { 1 << (b % 32) } else { 0 })).collect();
+        tiles.extend((0..256).map(|_| {
+            core::array::from_fn(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u32
+            })
+        }));
+        for (n, words) in tiles.iter().enumerate() {
+            for g in 0..2 {
+                let (mut want, mut got) = ([0u32; 16], [0u32; 16]);
+                // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
+                // load reads the 16 words.
+                unsafe {
+                    let w = _mm512_loadu_si512(words.as_ptr() as *const _);
+                    _mm512_storeu_si512(want.as_mut_ptr() as *mut _, group_windows_of::<2>(&[w, w], &TAB2, g)[0]);
+                    _mm512_storeu_si512(got.as_mut_ptr() as *mut _, group_windows_k2(&[w, w], g)[0]);
                 }
                 assert_eq!(got, want, "tile {n}, group {g}");
             }
