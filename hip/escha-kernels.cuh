@@ -216,11 +216,11 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
 
 // Where lane L's 8 states lie in a tile of 8K words: starting bit p0 of
 // value 8L's state ((8L+1)K - 16 mod 256K), as the index of its word and
-// the bit offset in it, and the word offsets of the next two words (the
-// tile is a ring). Tile-independent: computed once per lane.
+// the bit offset in it, and the word offset of the next word (the tile is
+// a ring). Tile-independent: computed once per lane.
 template <int K>
 struct escha_lane_bits {
-    int w0, d1, d2, off;
+    int w0, d1, off;
     __device__ __forceinline__ explicit escha_lane_bits(const int lane) {
         constexpr int NB = 256 * K;
         constexpr int W  = 8 * K;
@@ -228,21 +228,19 @@ struct escha_lane_bits {
         w0  = p0 / 32;
         off = p0 % 32;
         d1  = (w0 + 1) % W;
-        d2  = (w0 + 2) % W;
     }
 };
 
-// The words of one tile that hold lane L's 7K+16 state bits: two for K=2
-// (30 bits never span three words), three for K=3.
+// The words of one tile that hold lane L's 7K+16 state bits: two for both
+// K. The bits start at offset off of the first word and end at off + 7K +
+// 16, at most 64: p0 is 16L - 14 mod 32 for K=2 (off 2 or 18, 30 bits)
+// and 24L - 13 mod 32 for K=3 (off 3, 11, 19 or 27, 37 bits).
 template <int K>
 struct escha_lane_words {
-    uint32_t t[K == 2 ? 2 : 3];
+    uint32_t t[2];
     __device__ __forceinline__ void load(const uint32_t * __restrict__ tile, const escha_lane_bits<K> & lb) {
         t[0] = __ldg(tile + lb.w0);
         t[1] = __ldg(tile + lb.d1);
-        if constexpr (K == 3) {
-            t[2] = __ldg(tile + lb.d2);
-        }
     }
 };
 
@@ -270,9 +268,11 @@ static void escha_consts_fill(escha_consts & c) {
 // Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
 // fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
 // b[3] = {6,7}. The lane's state bits are aligned once into a 32-bit
-// window (one funnel shift by the lane's offset; K=3 takes a second window
-// 16 bits on for its last two states), so that every state is then cut out
-// at a compile-time position: (window << jK) >> 16. Codebook:
+// window (one funnel shift by the lane's offset), so that every state is
+// then cut out at a compile-time position: (window << jK) >> 16; K=2 takes
+// four windows 2 bits apart, each state then one shift or one byte permute
+// (on the H200 29.3 us against 29.7 for 5120 -> 17408, hip/bench), K=3's
+// last two states come from the window and the 5 bits after it. Codebook:
 // r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
 // value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16: one HADD2 of
 // r's two halves (operand swizzles), and the two values of a half2 then
@@ -295,16 +295,29 @@ static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<
     const uint32_t xr   = REG_LOP ? c.xr   : ESCHA_CBA_XOR;
 #endif
     const uint32_t hi = __funnelshift_l(lw.t[1], lw.t[0], off); // window bits [0, 32)
-    uint32_t w2 = 0;
-    if constexpr (K == 3) {
-        const uint32_t lo = __funnelshift_l(lw.t[2], lw.t[1], off); // window bits [32, 64)
-        w2 = __funnelshift_l(lo, hi, 16);                           // window bits [16, 48)
+    // K=2: also the windows 2, 4 and 6 bits on (off + 6 <= 24: within the
+    // two words), so that every state sits at window bit 0 or 8 and is cut
+    // out in one operation: a shift by 16 or a byte permute. K=3: window
+    // bits [32, 37), the rest of what the lane's states need.
+    uint32_t wn[4] = { hi, 0, 0, 0 };
+    uint32_t lo = 0;
+    if constexpr (K == 2) {
+        wn[1] = __funnelshift_l(lw.t[1], lw.t[0], off + 2);
+        wn[2] = __funnelshift_l(lw.t[1], lw.t[0], off + 4);
+        wn[3] = __funnelshift_l(lw.t[1], lw.t[0], off + 6);
+    } else {
+        lo = lw.t[1] << off;
     }
     uint32_t r[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int sh = j * K; // value j's state: window bits [sh, sh + 16)
-        const uint32_t s = sh == 0 ? hi >> 16 : (sh + 16 <= 32 ? cut(hi, sh) : cut(w2, sh - 16));
+        uint32_t s;
+        if constexpr (K == 2) {
+            s = j < 4 ? wn[j] >> 16 : __byte_perm(wn[j - 4], 0, 0x4421); // bits [0, 16) or [8, 24) of window 2(j - 4)
+        } else {
+            s = sh == 0 ? hi >> 16 : sh + 16 <= 32 ? cut(hi, sh) : __funnelshift_l(lo, hi, sh) >> 16;
+        }
         r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;
     }
 #pragma unroll
@@ -752,13 +765,10 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     }
     // The lane's code words at tile row kt: q[i] + w * W for tile column
     // nt0 + w (compile-time offsets from one pointer per word).
-    constexpr int NW = K == 2 ? 2 : 3;
+    constexpr int NW = 2;
     const uint32_t * q[NW];
     q[0] = work.code + kt_begin * work.kt_stride + lb.w0;
     q[1] = work.code + kt_begin * work.kt_stride + lb.d1;
-    if constexpr (K == 3) {
-        q[2] = work.code + kt_begin * work.kt_stride + lb.d2;
-    }
     auto load = [&](uint32_t (&X)[NB][2], escha_lane_words<K> (&cw)[NTW]) {
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {

@@ -52,6 +52,10 @@ static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 
+// IC splits of a multiply at most, where a grid of two waves would take
+// more: it then takes one wave (escha.cu's launcher).
+static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
+
 // Tile rows per IC split for about ksplit splits of KT tile rows (the
 // grid's y is then ceil(KT / chunk)); fused: up to whole 128-blocks (8
 // tile rows), and no more than the fused kernel's staging holds.

@@ -78,9 +78,12 @@ static void escha_kernel_launch(Kernel kernel, const dim3 grid, cudaStream_t str
 // Launches a decode-and-multiply kernel over n_z groups, of which about
 // z_busy have rows. IC is split until the grid fills two waves of resident
 // blocks (more blocks in flight hide the load -> decode -> mma latency; on
-// the H200 two waves beat one by 11% at 5120 -> 17408, hip/bench), keeping
-// at least 8 tile rows per split. per_sm: the kernel's resident blocks per
-// SM (its registers decide), asked once.
+// the H200 two waves beat one by 3% at 5120 -> 17408, hip/bench), keeping
+// at least 8 tile rows per split; or one wave where two would take more
+// than ESCHA_CUDA_MAX_SPLITS splits: that many partial sums of each output
+// meet in the same f32 atomics (17408 -> 5120 at one row: 39 splits 30.0
+// us, 79 splits 31.0). per_sm: the kernel's resident blocks per SM (its
+// registers decide), asked once.
 // fused: the fused GEMV, whose splits are whole 128-blocks (escha-plan.h).
 static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_args a, const int64_t n_z, const int64_t z_busy,
                          const int nsm, cudaStream_t stream, const bool fused = false) {
@@ -92,7 +95,8 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     escha_consts_fill(a.dc);
     const int64_t resident = (int64_t) per_sm * nsm;
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
-    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(2 * resident / blocks, a.KT / 8));
+    const int64_t waves = 2 * resident / blocks > ESCHA_CUDA_MAX_SPLITS ? 1 : 2;
+    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(waves * resident / blocks, a.KT / 8));
     a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);

@@ -34,10 +34,10 @@ done
 for name in "${names[@]}"; do
     # instruction mix of the batch-1 GEMV kernels (K=2 and K=3)
     cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null
-    # the K=2 batch-1 kernel's code, first variant only (files that come back are few)
-    [ "$name" = "${names[0]}" ] && awk "/Function : .*escha_gemv_kernelILi2ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
-        | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k2-$name.txt"
     for k in 2 3; do
+        # the batch-1 kernel's code (unfused), to count its loop
+        awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+            | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k$k-$name.txt"
         echo "sass $name K=$k: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
             | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 \
             | awk '{printf "%s %s, ", $2, $1}')"
@@ -45,10 +45,13 @@ for name in "${names[@]}"; do
 done
 if command -v ncu > /dev/null; then
     for name in "${names[@]}"; do
-        ESCHA_BENCH_GEMV_ONLY=1 timeout 120 ncu -k regex:escha_gemv_kernel -s 20 -c 1 \
-            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-            "$src/bench-$name" > "$out/ncu-$name.txt" 2>&1
-        echo "=== ncu $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Issue Slots Busy|highest-utilized|Warp Cycles Per Issued|Registers Per|Achieved Active Warps|Theoretical Active' "$out/ncu-$name.txt" \
-            | sed -E 's/ +/ /g; s/based on elapsed.*//' | tr '\n' ';')"
+        for k in ${ESCHA_BENCH_PROFILE_K:-2}; do
+            ESCHA_BENCH_GEMV_ONLY=$k timeout 120 ncu -k regex:escha_gemv_kernel -s 20 -c 1 \
+                --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+                --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+                "$src/bench-$name" > "$out/ncu-$name-k$k.txt" 2>&1
+            echo "=== ncu $name K=$k: $(grep -E 'Duration|Compute \(SM\) Throughput|Issue Slots Busy|highest-utilized|Warp Cycles Per Issued|Registers Per|Achieved Active Warps|Theoretical Active' "$out/ncu-$name-k$k.txt" \
+                | sed -E 's/ +/ /g; s/based on elapsed.*//' | tr '\n' ';')"
+        done
     done
 fi

@@ -12,6 +12,14 @@
 #include <random>
 #include <vector>
 
+// ggml-cuda's launcher (escha_launch's dependent launches) asks for the
+// device, which ggml-cuda.cu defines: not linked here.
+int ggml_cuda_get_device() {
+    int id = 0;
+    CUDA_CHECK(cudaGetDevice(&id));
+    return id;
+}
+
 [[noreturn]] void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
     fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
     exit(1);
@@ -161,8 +169,12 @@ int main() {
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     const int nsm = p.multiProcessorCount;
     printf("%s, %d SMs\n", p.name, nsm);
-    if (getenv("ESCHA_BENCH_GEMV_ONLY")) { // one shape, for a profiler
-        run_shape<2, 4, 8>(5120, 17408, 1, nsm);
+    if (const char * only = getenv("ESCHA_BENCH_GEMV_ONLY")) { // one shape, for a profiler: 2 (default) or 3
+        if (only[0] == '3') {
+            run_shape<3, 4, 8>(17408, 5120, 1, nsm);
+        } else {
+            run_shape<2, 4, 8>(5120, 17408, 1, nsm);
+        }
         return 0;
     }
     run_shape<2, 4, 8>(5120, 17408, 1, nsm);
