@@ -161,6 +161,12 @@ MUTANTS = CUDA_KERNEL + [
       "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };",
       "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << (sh + 1)) >> 16; };",
       "hip_shim", "HIP decode: a state cut one bit off"),
+    M("cuda-k2-window-bytes", "fast", CUH,
+      "__byte_perm(wn[j - 4], 0, 0x4421)", "__byte_perm(wn[j - 4], 0, 0x4412)",
+      "cuda_shim", "K=2 decode: the states cut from a window's middle bytes with those bytes swapped"),
+    M("cuda-k3-tail-bits", "fast", CUH,
+      "        lo = lw.t[1] << off;", "        lo = lw.t[1] << (off + 1);",
+      "cuda_shim", "K=3 decode: the 5 bits after the lane's window one bit off (its last two states)"),
     M("hip-wave64-h128", "fast", CUH,
       "    for (int m = 1; m < ESCHA_LANES; m *= 2) {\n",
       "#ifdef GGML_USE_HIP\n    for (int m = 1; m < warpSize; m *= 2) {\n#else\n"
