@@ -463,17 +463,20 @@ mod tests {
     use super::*;
     use crate::cpu::dispatch::Isa;
 
-    /// [`group_windows_k3`] gives [`group_windows_of`]'s two K=3 windows,
-    /// every lane of both groups, on random tiles and on tiles with one bit
-    /// set (each ring position once).
-    #[test]
-    fn k3_windows_by_funnel_shifts() {
-        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2")) {
-            println!("k3_windows_by_funnel_shifts: skipped, this CPU lacks AVX-512F or VBMI2");
-            return;
+    /// Whether the funnel-shift window checks can run on this CPU; says so
+    /// when they cannot.
+    fn has_vbmi2(test: &str) -> bool {
+        let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2");
+        if !ok {
+            println!("{test}: skipped, this CPU lacks AVX-512F or VBMI2");
         }
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut tiles: Vec<[u32; 24]> = (0..768).map(|b| core::array::from_fn(|w| if w == b / 32 { 1 << (b % 32) } else { 0 })).collect();
+        ok
+    }
+
+    /// Tiles of `W` words for the window checks: each ring bit set alone,
+    /// then 256 random tiles (xorshift from `rng`).
+    fn window_test_tiles<const W: usize>(mut rng: u64) -> Vec<[u32; W]> {
+        let mut tiles: Vec<[u32; W]> = (0..32 * W).map(|b| core::array::from_fn(|w| if w == b / 32 { 1 << (b % 32) } else { 0 })).collect();
         tiles.extend((0..256).map(|_| {
             core::array::from_fn(|_| {
                 rng ^= rng << 13;
@@ -482,7 +485,18 @@ mod tests {
                 rng as u32
             })
         }));
-        for (n, words) in tiles.iter().enumerate() {
+        tiles
+    }
+
+    /// [`group_windows_k3`] gives [`group_windows_of`]'s two K=3 windows,
+    /// every lane of both groups, on random tiles and on tiles with one bit
+    /// set (each ring position once).
+    #[test]
+    fn k3_windows_by_funnel_shifts() {
+        if !has_vbmi2("k3_windows_by_funnel_shifts") {
+            return;
+        }
+        for (n, words) in window_test_tiles::<24>(0x9E37_79B9_7F4A_7C15).iter().enumerate() {
             for g in 0..2 {
                 let (mut want, mut got) = ([[0u32; 16]; 2], [[0u32; 16]; 2]);
                 // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
@@ -505,21 +519,10 @@ mod tests {
     /// once) and on random ones.
     #[test]
     fn k2_window_by_funnel_shift() {
-        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2")) {
-            println!("k2_window_by_funnel_shift: skipped, this CPU lacks AVX-512F or VBMI2");
+        if !has_vbmi2("k2_window_by_funnel_shift") {
             return;
         }
-        let mut rng = 0x2545_F491_4F6C_DD1Du64;
-        let mut tiles: Vec<[u32; 16]> = (0..512).map(|b| core::array::from_fn(|w| if w == b / 32 { 1 << (b % 32) } else { 0 })).collect();
-        tiles.extend((0..256).map(|_| {
-            core::array::from_fn(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng as u32
-            })
-        }));
-        for (n, words) in tiles.iter().enumerate() {
+        for (n, words) in window_test_tiles::<16>(0x2545_F491_4F6C_DD1D).iter().enumerate() {
             for g in 0..2 {
                 let (mut want, mut got) = ([0u32; 16], [0u32; 16]);
                 // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
