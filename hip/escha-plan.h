@@ -53,8 +53,23 @@ static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 
 // IC splits of a multiply at most, where a grid of two waves would take
-// more: it then takes one wave (escha.cu's launcher).
+// more: it then takes one wave.
 static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
+
+// IC splits of a multiply of `blocks` blocks (output blocks x groups with
+// rows) of which `resident` fit on the GPU at once: enough for two waves,
+// or one where two would take more than ESCHA_CUDA_MAX_SPLITS (escha.cu's
+// launcher says why), keeping at least 8 of the KT tile rows a split.
+static constexpr int escha_cuda_ksplit(const int64_t resident, const int64_t blocks, const int KT) {
+    const int64_t two  = 2 * resident / blocks;
+    const int64_t want = two > ESCHA_CUDA_MAX_SPLITS ? resident / blocks : two;
+    const int64_t most = KT / 8;
+    return (int) (want < 1 ? 1 : want < most ? want : most < 1 ? 1 : most);
+}
+static_assert(escha_cuda_ksplit(1056, 68, 320) == 31 && escha_cuda_ksplit(1056, 20, 1088) == 52 &&
+                  escha_cuda_ksplit(1056, 20, 64) == 8 && escha_cuda_ksplit(100, 1000, 320) == 1 &&
+                  escha_cuda_ksplit(1056, 68, 4) == 1,
+              "two waves, one past the split cap, at least 8 tile rows a split, at least one split");
 
 // Tile rows per IC split for about ksplit splits of KT tile rows (the
 // grid's y is then ceil(KT / chunk)); fused: up to whole 128-blocks (8

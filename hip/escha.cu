@@ -95,8 +95,7 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     escha_consts_fill(a.dc);
     const int64_t resident = (int64_t) per_sm * nsm;
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
-    const int64_t waves = 2 * resident / blocks > ESCHA_CUDA_MAX_SPLITS ? 1 : 2;
-    int ksplit = (int) std::max<int64_t>(1, std::min<int64_t>(waves * resident / blocks, a.KT / 8));
+    int ksplit = escha_cuda_ksplit(resident, blocks, a.KT);
     a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);

@@ -96,9 +96,10 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((ROWS > 16 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
     const int one_wave  = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) per_sm * nsm / blocks, KT / 8));
     const int two_waves = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) 2 * per_sm * nsm / blocks, KT / 8));
+    const int shipped   = escha_cuda_ksplit((int64_t) per_sm * nsm, blocks, KT);
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
-           "two waves %d (shipped)\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves);
-    std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, one_wave * 4, std::max(1, KT / 16)};
+           "two waves %d, shipped %d\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
+    std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, shipped, one_wave * 4, std::max(1, KT / 16)};
     for (int ks : splits) {
         if (ks > KT / 4) continue;
         double cs;
