@@ -198,23 +198,30 @@ unsafe fn group_windows_of<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, g: usi
     [w0, if K == 3 { window::<K>(t, &tabs[1][g]) } else { w0 }]
 }
 
+/// Whether stretch 0 of every lane of `tabs` is a funnel shift: its right
+/// shift is 32 less its left one, which is what `vpshldvd` takes (the
+/// funnel-shift windows below assert it at compile time).
+const fn stretch0_is_funnel(tabs: &Tabs) -> bool {
+    let mut i = 0;
+    while i < 32 {
+        let rw = &tabs[0][i / 16];
+        if !(rw.shl[i % 16] < 32 && rw.shr[i % 16] == 32 - rw.shl[i % 16]) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// K=2's window of group `g` ([`group_windows_of`]'s) in one funnel shift
-/// (VBMI2) where that takes two shifts and an or: every lane's right shift
-/// is 32 less its left one (checked below), which is what `vpshldvd` takes.
+/// (VBMI2) where that takes two shifts and an or ([`stretch0_is_funnel`]).
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F and VBMI2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vbmi2")]
 unsafe fn group_windows_k2(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
-    const {
-        let mut i = 0;
-        while i < 32 {
-            let rw = &TAB2[0][i / 16];
-            assert!(rw.shl[i % 16] < 32 && rw.shr[i % 16] == 32 - rw.shl[i % 16]);
-            i += 1;
-        }
-    }
+    const { assert!(stretch0_is_funnel(&TAB2)) };
     let rw = &TAB2[0][g];
     let (a, b) = (_mm512_permutexvar_epi32(ld16(&rw.idx_a), t[0]), _mm512_permutexvar_epi32(ld16(&rw.idx_b), t[0]));
     let w0 = _mm512_shldv_epi32(a, b, ld16(&rw.shl));
@@ -224,15 +231,13 @@ unsafe fn group_windows_k2(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
 /// K=3, per lane of group `g`: the ring index of the word after stretch 0's
 /// two (`idx_b + 1 mod 24`), for [`group_windows_k3`].
 static TAB3_NEXT: [[i32; 16]; 2] = {
+    assert!(stretch0_is_funnel(&TAB3), "the funnel shifts take the window's offset alone");
     let mut n = [[0i32; 16]; 2];
     let mut g = 0;
     while g < 2 {
         let mut i = 0;
         while i < 16 {
-            let rw = &TAB3[0][g];
-            // The funnel shifts take the window's offset alone.
-            assert!(rw.shl[i] < 32 && rw.shr[i] == 32 - rw.shl[i]);
-            n[g][i] = (rw.idx_b[i] + 1) % 24;
+            n[g][i] = (TAB3[0][g].idx_b[i] + 1) % 24;
             i += 1;
         }
         g += 1;
