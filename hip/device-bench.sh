@@ -37,13 +37,15 @@
 #            launch off, fused kernel off, BLAS path off, BLAS path always)
 #            and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16 weights of the
 #            same shapes
-#   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) GGUFs with
-#            DENSE_LAYERS / MOE_LAYERS layers: escha-coded and an f16 twin
-#            (needs no build: run it in the background while building)
-#   q4km     the twins quantized to Q4_K_M
+#   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) escha
+#            GGUFs with DENSE_LAYERS / MOE_LAYERS layers (needs no build: run
+#            it in the background while building; 64 dense layers is the
+#            whole model)
+#   q4km     their Q4_K_M twins: every tensor in the type llama-quantize
+#            gives it, random blocks, no full-size f16 file (quantized_twin)
 #   models   gen + q4km
-#   iq2      the IQ2_XXS twins (uniform importance matrix; slow: about 3 min
-#            for the 16-layer dense twin on 16 cores), then the twin is deleted
+#   iq2      the same for IQ2_XXS (llama-quantize of the small twin with a
+#            uniform importance matrix)
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
 #   graphs   llama-bench tg128 / pp512 with CUDA graphs and with
 #            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
@@ -109,17 +111,38 @@ offload() {
     if [ "$expect" = pass ] && [ $bad = 1 ]; then die "offload: escha logits differ from the decoded twin"; fi
     if [ "$expect" = fail ] && [ $bad = 0 ]; then die "offload: the broken decode matched the twin"; fi
 }
-# The mtp step's models (no build needed: run it while building): escha
-# and the f16 twin that llama-quantize makes the Q4_K_M one of.
+# A twin in llama.cpp's own quantization, without its full-size f16 file
+# (54 GB for the whole dense 27B): llama-quantize makes the twin of a model
+# whose widths are divided by $shrink (every width still a multiple of 256,
+# so each tensor gets the type it would at full size; layers and options as
+# the full one), and synthetic-qwen35.py writes the full-size model with
+# random blocks of those types. Usage: quantized_twin MODEL LAYERS FTYPE OUT
+# [synthetic-qwen35.py options]; needs the build's llama-quantize.
+quantized_twin() {
+    local model=$1 layers=$2 ftype=$3 dst=$4 S=hip/synthetic-qwen35.py shrink small im
+    shift 4
+    [ -f "$dst" ] && return 0
+    case $model in dense27b) shrink=4 ;; moe35b) shrink=2 ;; esac   # the MoE experts' 512 allow only 2
+    small=$M/small-$(basename "$dst" .gguf)
+    python3 $S --model $model --layers "$layers" --shrink $shrink --weights f16 "$@" -o "$small-f16.gguf" \
+        --imatrix "$small.imatrix" > "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
+        || die "$dst: writing the small f16 twin failed ($out/twin-$(basename "$dst" .gguf).log)"
+    case $ftype in IQ*) im="--imatrix $small.imatrix" ;; *) im= ;; esac
+    $B/llama-quantize $im "$small-f16.gguf" "$small-q.gguf" $ftype "$(nproc)" >> "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
+        || die "$dst: llama-quantize $ftype of the small twin failed ($out/twin-$(basename "$dst" .gguf).log)"
+    python3 $S --model $model --layers "$layers" --weights like --like "$small-q.gguf" "$@" -o "$dst.tmp" \
+        >> "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
+        || die "$dst: writing the twin like $small-q.gguf failed ($out/twin-$(basename "$dst" .gguf).log)"
+    rm -f "$small-f16.gguf" "$small-q.gguf" "$small.imatrix"
+    mv "$dst.tmp" "$dst"
+}
+# The mtp step's escha model (no build needed: run it while building).
 mtp_gen() {
-    local S=hip/synthetic-qwen35.py w
-    for w in escha f16; do
-        [ -f "$(mtp_model $w)" ] && continue
-        [ $w = f16 ] && [ -f "$(mtp_model q4km)" ] && continue # the twin is only the quantizer's input
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights $w --mtp --agree -o "$(mtp_model $w).tmp" > "$out/mtp-gen-$w.log" 2>&1 \
-            || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
-        mv "$(mtp_model $w).tmp" "$(mtp_model $w)"
-    done
+    local S=hip/synthetic-qwen35.py
+    [ -f "$(mtp_model escha)" ] && return 0
+    python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree -o "$(mtp_model escha).tmp" > "$out/mtp-gen-escha.log" 2>&1 \
+        || die "mtp: writing the escha model failed ($out/mtp-gen-escha.log)"
+    mv "$(mtp_model escha).tmp" "$(mtp_model escha)"
 }
 # The mtp step's model of weights $1, for DENSE_LAYERS layers.
 mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
@@ -330,22 +353,17 @@ for step in "$@"; do
     mtp)
         # The MTP head: the dense 27B shape (DENSE_LAYERS layers) with a head
         # whose drafts always agree (synthetic-qwen35.py --mtp --agree: the
-        # best case), escha and its Q4_K_M twin (head included, quantized by
-        # llama-quantize): plain decoding (tg128), verify windows of 2-5
+        # best case), escha and its Q4_K_M twin (head included, in the types
+        # llama-quantize gives it: quantized_twin): plain decoding (tg128, pp512), verify windows of 2-5
         # tokens (pp2-pp5), and greedy llama-cli generation without and with
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
         # Needs llama-cli (bash hip/device-build.sh llama-cli).
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
-        if [ ! -f "$(mtp_model q4km)" ]; then
-            $B/llama-quantize "$(mtp_model f16)" "$(mtp_model q4km).tmp" Q4_K_M "$(nproc)" > "$out/quantize-mtp.log" 2>&1 \
-                || die "mtp: llama-quantize failed ($out/quantize-mtp.log)"
-            mv "$(mtp_model q4km).tmp" "$(mtp_model q4km)"
-            rm -f "$(mtp_model f16)"
-        fi
-        echo "mtp: models written and quantized at ${SECONDS} s"
+        quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
+        echo "mtp: models written at ${SECONDS} s"
         for m in escha q4km; do
-            $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
+            $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
                 || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
             grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
             for spec in plain draft-mtp; do
@@ -362,27 +380,16 @@ for step in "$@"; do
         done ;;
     gen|models)
         S=hip/synthetic-qwen35.py
-        if has dense; then
-            python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
-            python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights f16 -o $M/dense-f16.gguf --imatrix $M/dense.imatrix
-        fi
-        if has moe; then
-            python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
-            python3 $S --model moe35b --layers "$MOE_LAYERS" --weights f16 -o $M/moe-f16.gguf --imatrix $M/moe.imatrix
-        fi
+        has dense && python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
+        has moe && python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
         ls -la $M
         [ "$step" = models ] && bash "$0" q4km ;;
-    q4km)
-        for m in $MODELS; do
-            $B/llama-quantize $M/$m-f16.gguf $M/$m-q4km.gguf Q4_K_M "$(nproc)" > "$out/quantize-$m-q4km.log" 2>&1
-            tail -n 2 "$out/quantize-$m-q4km.log"
-        done ;;
-    iq2)
-        for m in $MODELS; do
-            $B/llama-quantize --imatrix $M/$m.imatrix $M/$m-f16.gguf $M/$m-iq2xxs.gguf IQ2_XXS "$(nproc)" > "$out/quantize-$m-iq2.log" 2>&1
-            tail -n 2 "$out/quantize-$m-iq2.log"
-            rm -f $M/$m-f16.gguf   # the twin is only the quantizer's input (disk is 64 GiB)
-        done ;;
+    q4km|iq2)
+        # The twins in llama.cpp's types (quantized_twin: no full-size f16 file).
+        [ $step = q4km ] && ftype=Q4_K_M tag=q4km || ftype=IQ2_XXS tag=iq2xxs
+        has dense && quantized_twin dense27b "$DENSE_LAYERS" $ftype $M/dense-$tag.gguf
+        has moe && quantized_twin moe35b "$MOE_LAYERS" $ftype $M/moe-$tag.gguf
+        ls -la $M ;;
     bench)
         for m in $MODELS; do
             for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do

@@ -92,6 +92,11 @@ class Pool:
             n -= len(chunk)
             start = 0
 
+    def pos_next(self):
+        """A start that differs from one tensor to the next."""
+        self.pos += 1
+        return self.pos * 4099
+
 
 def q8_0_rows(pool, n_blocks, out, at=0):
     """`n_blocks` of the pool's Q8_0 blocks, from block `at` on."""
@@ -101,6 +106,157 @@ def q8_0_rows(pool, n_blocks, out, at=0):
         out.write(pool.q8_0[34 * at:34 * (at + k)])
         n_blocks -= k
         at = 0
+
+
+# Quantized types a --like twin may hold: ggml type -> (weights a block,
+# bytes a block, offsets of its f16 scales, the value written there). Any
+# bytes are a valid block once the scales are finite; the scales keep the
+# weights below about 1, and the types with a minimum get one that centres
+# their weights on 0 on average (all-positive weights would add up).
+BLOCKS = {
+    2: (32, 18, (0,), 1 / 128),                 # Q4_0
+    3: (32, 20, (0, 2), (1 / 128, -7.5 / 128)),  # Q4_1
+    6: (32, 22, (0,), 1 / 128),                 # Q5_0
+    7: (32, 24, (0, 2), (1 / 128, -15.5 / 128)),  # Q5_1
+    Q8_0: (32, 34, (0,), 1 / 128),
+    10: (256, 84, (80, 82), (1 / 128, 1.5 / 128)),  # Q2_K
+    11: (256, 110, (108,), 1 / 1024),           # Q3_K
+    12: (256, 144, (0, 2), (1 / 2048, 7.5 / 2048)),  # Q4_K
+    13: (256, 176, (0, 2), (1 / 4096, 15.5 / 4096)),  # Q5_K
+    14: (256, 210, (208,), 1 / 4096),           # Q6_K
+    16: (256, 66, (0,), 1 / 256),               # IQ2_XXS
+    17: (256, 74, (0,), 1 / 256),               # IQ2_XS
+    18: (256, 98, (0,), 1 / 256),               # IQ3_XXS
+    20: (32, 18, (0,), 1 / 128),                # IQ4_NL
+    21: (256, 110, (0,), 1 / 256),              # IQ3_S
+    22: (256, 82, (0,), 1 / 256),               # IQ2_S
+    23: (256, 136, (0,), 1 / 4096),             # IQ4_XS
+}
+TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
+              12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+              20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 25: "I16", 29: "IQ1_M", 30: "BF16"}
+
+
+def type_name(t):
+    return TYPE_NAMES.get(t, "type %d" % t)
+
+
+class RandomBlocks:
+    """A run of random blocks of one type, made once, streamed like the
+    pool's Q8_0 run."""
+
+    def __init__(self, pool, ttype, count=1 << 14):
+        per, size, offs, vals = BLOCKS[ttype]
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        b = bytearray(pool.raw[:size * count])
+        for off, v in zip(offs, vals):
+            word = struct.pack("<H", f16_bits(v))
+            b[off::size] = word[:1] * count
+            b[off + 1::size] = word[1:] * count
+        self.size, self.count, self.data = size, count, memoryview(bytes(b))
+
+    def rows(self, n_blocks, out, at=0):
+        at %= self.count
+        while n_blocks > 0:
+            k = min(n_blocks, self.count - at)
+            out.write(self.data[self.size * at:self.size * (at + k)])
+            n_blocks -= k
+            at = 0
+
+
+def single_block(ttype, v0):
+    """One block of `ttype` whose first weight is `v0` (>= 0) and every
+    other weight 0: the first block of a --agree row."""
+    z = bytearray(BLOCKS[ttype][1] if ttype != F16 else 0)
+    if ttype == Q8_0:
+        z[0:2] = struct.pack("<H", f16_bits(v0 / 127 if v0 else 1 / 128))
+        z[2] = 127 if v0 else 0
+    elif ttype == 12:  # Q4_K: d, dmin, 12 scale bytes (sub-block 0: scale 1, min 0), 4-bit weights
+        z[0:2] = struct.pack("<H", f16_bits(v0 / 15 if v0 else 1 / 2048))
+        z[4] = 1
+        z[16] = 15 if v0 else 0
+    elif ttype == 13:  # Q5_K: the same, and the weight's fifth bit in qh
+        z[0:2] = struct.pack("<H", f16_bits(v0 / 31 if v0 else 1 / 4096))
+        z[4] = 1
+        z[16] = 1 if v0 else 0
+        z[48] = 15 if v0 else 0
+    elif ttype == 14:  # Q6_K: weights 0..15 under int8 scale 0 (others 0); q - 32, q from ql and qh
+        z[128:128 + 16] = b"\x02" * 16  # q = 32: 0
+        if v0:
+            z[0] = 15
+            z[128] = 3
+        z[192] = 1
+        z[208:210] = struct.pack("<H", f16_bits(v0 / 31 if v0 else 1 / 4096))
+    else:
+        return None
+    return bytes(z)
+
+
+def constant_block(ttype, v):
+    """One block of `ttype` whose every weight is `v` (> 0), or None."""
+    z = bytearray(BLOCKS[ttype][1])
+    if ttype == Q8_0:
+        z[0:2] = struct.pack("<H", f16_bits(v / 127))
+        z[2:34] = b"\x7f" * 32
+    elif ttype in (12, 13):  # Q4_K / Q5_K: every sub-block scale 1 (the 6-bit fields), min 0, top weight
+        top = 15 if ttype == 12 else 31
+        z[0:2] = struct.pack("<H", f16_bits(v / top))
+        z[4:8] = b"\x01" * 4
+        z[12:16] = b"\x01" * 4
+        z[16:] = b"\xff" * (len(z) - 16)
+    elif ttype == 14:  # Q6_K: every int8 scale 1, q = 63
+        z[0:192] = b"\xff" * 192
+        z[192:208] = b"\x01" * 16
+        z[208:210] = struct.pack("<H", f16_bits(v / 31))
+    else:
+        return None
+    return bytes(z)
+
+
+def tensor_types(path):
+    """(name -> ggml type of every tensor, general.file_type) of the GGUF at
+    `path`."""
+    with open(path, "rb") as f:
+        def rd(fmt):
+            n = struct.calcsize(fmt)
+            return struct.unpack(fmt, f.read(n))
+
+        def rs():
+            return f.read(rd("<Q")[0]).decode()
+
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+        def skip(vt):
+            if vt == T_STR:
+                rs()
+            elif vt == T_ARR:
+                sub, n = rd("<IQ")
+                if sub in (T_STR, T_ARR):
+                    for _ in range(n):
+                        skip(sub)
+                else:
+                    f.seek(sizes[sub] * n, 1)
+            else:
+                f.seek(sizes[vt], 1)
+
+        magic, _ver, n_t, n_kv = rd("<4sIQQ")
+        if magic != b"GGUF":
+            sys.exit("%s: not a GGUF file" % path)
+        file_type = None
+        for _ in range(n_kv):
+            key = rs()
+            vt = rd("<I")[0]
+            if key == "general.file_type" and vt == T_U32:
+                file_type = rd("<I")[0]
+            else:
+                skip(vt)
+        types = {}
+        for _ in range(n_t):
+            name = rs()
+            nd = rd("<I")[0]
+            f.seek(8 * nd, 1)
+            types[name] = rd("<IQ")[0]
+        return types, file_type
 
 
 class Gguf:
@@ -119,9 +275,10 @@ class Gguf:
             nbytes = 4 * n
         elif ttype in (F16, I16):
             nbytes = 2 * n
-        elif ttype == Q8_0:
-            assert ne[0] % 32 == 0, name
-            nbytes = n // 32 * 34
+        else:
+            per, size = BLOCKS[ttype][:2]
+            assert ne[0] % per == 0, name
+            nbytes = n // per * size
         self.tensors.append((name, list(ne), ttype, nbytes, writer))
 
     @staticmethod
@@ -182,7 +339,8 @@ def one_hot_f32(out, n):
     out.write(struct.pack("<f", 1.0) + b"\0" * (n - 4))
 
 
-def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False):
+def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False, like=None):
+    """`like`: for weights "like", the GGUF whose tensor types to take."""
     m = dict(MODELS[model])
     rout_bits = f16_bits(rout)
     arch = m["arch"]
@@ -194,10 +352,35 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     pool = Pool()
     g = Gguf()
     imat = []  # (weight name, n_per_row, n_mat)
+    ref_types, ref_ftype = tensor_types(like) if weights == "like" else ({}, None)
+    runs = {}  # ggml type -> RandomBlocks
+
+    def ref_type(name):
+        """The reference's type of `name`; random blocks of it must be
+        writable."""
+        if name not in ref_types:
+            sys.exit("%s: no tensor %s (make it from a twin with the same layers and options)" % (like, name))
+        t = ref_types[name]
+        if t not in BLOCKS and t not in (F32, F16):
+            sys.exit("%s: tensor %s is %s, which this writer cannot fill with random blocks" % (like, name, type_name(t)))
+        return t
+
+    def like_matrix(name, ne):
+        """A matrix of the reference's type: random blocks (F16: values of
+        magnitude 1/16..1/8)."""
+        t = ref_type(name)
+        if t == F16:
+            g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame, n, out))
+        elif t == F32:
+            sys.exit("%s: matrix %s is F32; a twin's matrices are F16 or quantized" % (like, name))
+        else:
+            if t not in runs:
+                runs[t] = RandomBlocks(pool, t)
+            g.tensor(name, ne, t, lambda out, n: runs[t].rows(n // BLOCKS[t][1], out, at=pool.pos_next()))
 
     g.add("general.architecture", T_STR, arch)
     g.add("general.name", T_STR, "synthetic %s, %d of %d layers, %s" % (model, n_layer, m["n_layer"], weights))
-    g.add("general.file_type", T_U32, 1 if weights == "f16" else 7)
+    g.add("general.file_type", T_U32, {"f16": 1, "escha": 7, "like": ref_ftype or 0}[weights])
     g.add(arch + ".block_count", T_U32, n_layer + (1 if mtp else 0))
     if mtp:
         g.add(arch + ".nextn_predict_layers", T_U32, 1)
@@ -245,7 +428,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
 
     def dense_matrix(name, ne):
         """A non-coded matrix: F16 in the twin, Q8_0 in the escha model."""
-        if weights == "f16":
+        if weights == "like":
+            like_matrix(name, ne)
+        elif weights == "f16":
             g.tensor(name, ne, F16, lambda out, n: pool.stream(twin_values, n, out))
             if not name.startswith(("token_embd", "output")):
                 imat.append((name, ne[0], ne[2] if len(ne) > 2 else 1))
@@ -257,6 +442,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     def coded(stem, ic, oc, k, n_exp=0):
         """A projection the real checkpoints code (ic -> oc, K bits)."""
         ne = [ic, oc] + ([n_exp] if n_exp else [])
+        if weights == "like":
+            like_matrix(stem + ".weight", ne)
+            return
         if weights == "f16":
             g.tensor(stem + ".weight", ne, F16, lambda out, n: pool.stream(twin_values, n, out))
             imat.append((stem + ".weight", ic, n_exp or 1))
@@ -269,46 +457,53 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         g.tensor(stem + ".escha_s_out", [oc] + e, F32, const_f32(1.0))
 
     def head_matrix(name, ne):
-        """An MTP-head matrix: F16 in both models."""
+        """An MTP-head matrix: F16 in both models (a --like twin: the
+        reference's type, as llama-quantize gives the head)."""
+        if weights == "like":
+            like_matrix(name, ne)
+            return
         g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame if agree or weights == "escha" else pool.f16, n, out))
         if weights == "f16":
             imat.append((name, ne[0], 1))
 
-    row_bytes = 2 * H if weights == "f16" else H // 32 * 34  # a row of token_embd / output
+    def row_type(name):
+        return ref_type(name) if weights == "like" else F16 if weights == "f16" else Q8_0
 
-    def embeddings(out, n):
-        """--agree: 1000 at dim 0 of every row over small values (the rest
-        of a Q8_0 row's first block zero)."""
-        rows = n // row_bytes
-        if weights == "f16":
-            head = struct.pack("<H", f16_bits(1000.0))
-            for _ in range(rows):
-                out.write(head)
-                pool.stream(pool.tame, 2 * (H - 1), out)
-        else:
-            head = struct.pack("<H", f16_bits(1000.0 / 127)) + bytes([127]) + b"\0" * 31
+    def crafted_rows(name, first):
+        """--agree rows of token_embd / output: weight 0 of row r is
+        first(r, rows), the rest small (F16) or random blocks."""
+        t = row_type(name)
+        if t != F16 and single_block(t, 1.0) is None:
+            sys.exit("%s: --agree writes %s's first weight exactly, which %s cannot hold here (F16, Q8_0, Q4_K, Q5_K "
+                     "or Q6_K can)" % (like, name, type_name(t)))
+        per, size = (1, 2) if t == F16 else BLOCKS[t][:2]
+        if t not in (F16,) and t not in runs:
+            runs[t] = RandomBlocks(pool, t)
+
+        def write(out, n):
+            rows = n // (H // per * size)
+            firsts = {}
             for r in range(rows):
-                out.write(head)
-                q8_0_rows(pool, H // 32 - 1, out, at=r * 4099)
+                v = first(r, rows)
+                if t == F16:
+                    out.write(struct.pack("<H", f16_bits(v)))
+                    pool.stream(pool.tame, 2 * (H - 1), out)
+                else:
+                    if v not in firsts:
+                        firsts[v] = single_block(t, v)
+                    out.write(firsts[v])
+                    runs[t].rows(H // per - 1, out, at=r * 4099)
 
-    def output_rows(out, n):
-        """--agree: dim 0 of the output matrix is 0 in every row but the
-        last token's, where it is the largest value: with the norms keeping
-        dim 0 only, that token wins on both paths (no ties to break)."""
-        rows = n // row_bytes
-        for r in range(rows):
-            top = r == rows - 1
-            if weights == "f16":
-                out.write(struct.pack("<H", f16_bits(1.0 if top else 0.0)))
-                pool.stream(pool.tame, 2 * (H - 1), out)
-            else:
-                out.write(struct.pack("<H", f16_bits(1.0 / 128)) + bytes([127 if top else 0]) + pool.raw[:31])
-                q8_0_rows(pool, H // 32 - 1, out, at=r * 4099)
+        g.tensor(name, [H, nv], t, write)
 
     if agree:
-        g.tensor("token_embd.weight", [H, nv], F16 if weights == "f16" else Q8_0, embeddings)
+        # Every token embedding: 1000 at dim 0 over small values. The output
+        # matrix: dim 0 is 0 in every row but the last token's, where it is
+        # the largest value: with the norms keeping dim 0 only, that token
+        # wins on both paths (no ties to break).
+        crafted_rows("token_embd.weight", lambda r, rows: 1000.0)
         g.tensor("output_norm.weight", [H], F32, one_hot_f32)
-        g.tensor("output.weight", [H, nv], F16 if weights == "f16" else Q8_0, output_rows)
+        crafted_rows("output.weight", lambda r, rows: 1.0 if r == rows - 1 else 0.0)
     else:
         dense_matrix("token_embd.weight", [H, nv])
         vec("output_norm.weight", H)
@@ -363,7 +558,15 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         head_matrix(b + "ffn_up.weight", [H, m["n_ff"]])
         head_matrix(b + "ffn_down.weight", [m["n_ff"], H])
         if agree:
-            g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], F16, const_f16(f16_bits(16.0)))
+            t = ref_type(b + "nextn.eh_proj.weight") if weights == "like" else F16
+            if t == F16:
+                g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], F16, const_f16(f16_bits(16.0)))
+            elif constant_block(t, 16.0) is None:
+                sys.exit("%s: --agree needs nextn.eh_proj constant (16), which %s cannot hold here (F16, Q8_0, Q4_K, "
+                         "Q5_K or Q6_K can)" % (like, type_name(t)))
+            else:
+                blk = constant_block(t, 16.0)
+                g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], t, lambda out, n: out.write(blk * (n // len(blk))))
         else:
             head_matrix(b + "nextn.eh_proj.weight", [2 * H, H])
         vec(b + "nextn.enorm.weight", H)
@@ -391,7 +594,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), required=True)
     ap.add_argument("--layers", type=int, default=0, help="layers to write (multiple of 4; default: all)")
-    ap.add_argument("--weights", choices=["f16", "escha"], required=True)
+    ap.add_argument("--weights", choices=["f16", "escha", "like"], required=True,
+                    help="like: every tensor in the type --like has it (llama-quantize's choice on a --shrink twin "
+                         "with the same layers and options), random blocks; a quantized twin without its f16 file")
+    ap.add_argument("--like", help="for --weights like: the GGUF whose tensor types to take")
     ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
     ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
     ap.add_argument("--rout", type=float, default=0.02,
@@ -405,6 +611,8 @@ def main():
                     help="trunk and MTP head predict the same token at every step (the best case of drafting)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
+    if (a.weights == "like") != bool(a.like):
+        sys.exit("--weights like and --like go together")
     if a.mtp and "n_expert" in MODELS[a.model]:
         sys.exit("--mtp: the 35B-A3B export ships no usable MTP head (it has no routed experts for it)")
     n_layer = a.layers or MODELS[a.model]["n_layer"]
@@ -416,7 +624,7 @@ def main():
             if k in m:
                 m[k] //= a.shrink
         m["n_vocab"] = 4096
-    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain, a.mtp, a.agree)
+    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain, a.mtp, a.agree, a.like)
 
 
 if __name__ == "__main__":
