@@ -357,12 +357,13 @@ for step in "$@"; do
         # llama-quantize gives it: quantized_twin): plain decoding (tg128, pp512), verify windows of 2-5
         # tokens (pp2-pp5), and greedy llama-cli generation without and with
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
-        # Needs llama-cli (bash hip/device-build.sh llama-cli).
+        # Needs llama-cli (bash hip/device-build.sh llama-cli); MTP_WEIGHTS
+        # (default "escha q4km") picks the models.
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
         quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
         echo "mtp: models written at ${SECONDS} s"
-        for m in escha q4km; do
+        for m in ${MTP_WEIGHTS:-escha q4km}; do
             $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
                 || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
             grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"

@@ -145,9 +145,9 @@ class RandomBlocks:
     """A run of random blocks of one type, made once, streamed like the
     pool's Q8_0 run."""
 
-    def __init__(self, pool, ttype, count=1 << 14):
+    def __init__(self, pool, ttype, scale=1.0, count=1 << 14):
         per, size, offs, vals = BLOCKS[ttype]
-        vals = vals if isinstance(vals, tuple) else (vals,)
+        vals = [v * scale for v in (vals if isinstance(vals, tuple) else (vals,))]
         b = bytearray(pool.raw[:size * count])
         for off, v in zip(offs, vals):
             word = struct.pack("<H", f16_bits(v))
@@ -354,6 +354,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     imat = []  # (weight name, n_per_row, n_mat)
     ref_types, ref_ftype = tensor_types(like) if weights == "like" else ({}, None)
     runs = {}  # ggml type -> RandomBlocks
+    # --agree: an eighth of the weights' size, so that over 64 layers no
+    # layer outweighs dim 0 (the escha model's are small through rout).
+    block_scale = 1 / 8 if agree else 1.0
 
     def ref_type(name):
         """The reference's type of `name`; random blocks of it must be
@@ -375,7 +378,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
             sys.exit("%s: matrix %s is F32; a twin's matrices are F16 or quantized" % (like, name))
         else:
             if t not in runs:
-                runs[t] = RandomBlocks(pool, t)
+                runs[t] = RandomBlocks(pool, t, block_scale)
             g.tensor(name, ne, t, lambda out, n: runs[t].rows(n // BLOCKS[t][1], out, at=pool.pos_next()))
 
     g.add("general.architecture", T_STR, arch)
@@ -478,7 +481,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
                      "or Q6_K can)" % (like, name, type_name(t)))
         per, size = (1, 2) if t == F16 else BLOCKS[t][:2]
         if t not in (F16,) and t not in runs:
-            runs[t] = RandomBlocks(pool, t)
+            runs[t] = RandomBlocks(pool, t, block_scale)
 
         def write(out, n):
             rows = n // (H // per * size)
