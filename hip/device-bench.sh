@@ -136,13 +136,17 @@ quantized_twin() {
     rm -f "$small-f16.gguf" "$small-q.gguf" "$small.imatrix"
     mv "$dst.tmp" "$dst"
 }
-# The mtp step's escha model (no build needed: run it while building).
+# The mtp step's escha models (no build needed: run it while building):
+# the head in f16 as the export ships it, and coded (escha-coded).
 mtp_gen() {
-    local S=hip/synthetic-qwen35.py
-    [ -f "$(mtp_model escha)" ] && return 0
-    python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree -o "$(mtp_model escha).tmp" > "$out/mtp-gen-escha.log" 2>&1 \
-        || die "mtp: writing the escha model failed ($out/mtp-gen-escha.log)"
-    mv "$(mtp_model escha).tmp" "$(mtp_model escha)"
+    local S=hip/synthetic-qwen35.py w
+    for w in escha escha-coded; do
+        [[ " ${MTP_WEIGHTS:-escha q4km} " == *" $w "* ]] || continue
+        [ -f "$(mtp_model $w)" ] && continue
+        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree $([ $w = escha-coded ] && echo --mtp-coded) \
+            -o "$(mtp_model $w).tmp" > "$out/mtp-gen-$w.log" 2>&1 || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
+        mv "$(mtp_model $w).tmp" "$(mtp_model $w)"
+    done
 }
 # The mtp step's model of weights $1, for DENSE_LAYERS layers.
 mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
@@ -358,10 +362,11 @@ for step in "$@"; do
         # tokens (pp2-pp5), and greedy llama-cli generation without and with
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
         # Needs llama-cli (bash hip/device-build.sh llama-cli); MTP_WEIGHTS
-        # (default "escha q4km") picks the models.
+        # (default "escha q4km"; escha-coded: the head's projections coded)
+        # picks the models.
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
-        quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
+        [[ " ${MTP_WEIGHTS:-escha q4km} " == *" q4km "* ]] && quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
         echo "mtp: models written at ${SECONDS} s"
         for m in ${MTP_WEIGHTS:-escha q4km}; do
             $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \

@@ -339,7 +339,8 @@ def one_hot_f32(out, n):
     out.write(struct.pack("<f", 1.0) + b"\0" * (n - 4))
 
 
-def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False, like=None):
+def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False, like=None,
+          mtp_coded=False):
     """`like`: for weights "like", the GGUF whose tensor types to take."""
     m = dict(MODELS[model])
     rout_bits = f16_bits(rout)
@@ -551,15 +552,27 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         b = "blk.%d." % n_layer
         vec(b + "attn_norm.weight", H)
         vec(b + "post_attention_norm.weight", H)
-        head_matrix(b + "attn_q.weight", [H, 2 * n_q])
-        head_matrix(b + "attn_k.weight", [H, n_kv])
-        head_matrix(b + "attn_v.weight", [H, n_kv])
-        head_matrix(b + "attn_output.weight", [n_q, H])
+        if mtp_coded and weights == "escha":
+            # As `escha quantize` codes the head when a pattern asks (K as the trunk's).
+            coded(b + "attn_q", H, 2 * n_q, 2)
+            coded(b + "attn_k", H, n_kv, 2)
+            coded(b + "attn_v", H, n_kv, 2)
+            coded(b + "attn_output", n_q, H, 2)
+        else:
+            head_matrix(b + "attn_q.weight", [H, 2 * n_q])
+            head_matrix(b + "attn_k.weight", [H, n_kv])
+            head_matrix(b + "attn_v.weight", [H, n_kv])
+            head_matrix(b + "attn_output.weight", [n_q, H])
         vec(b + "attn_q_norm.weight", hd)
         vec(b + "attn_k_norm.weight", hd)
-        head_matrix(b + "ffn_gate.weight", [H, m["n_ff"]])
-        head_matrix(b + "ffn_up.weight", [H, m["n_ff"]])
-        head_matrix(b + "ffn_down.weight", [m["n_ff"], H])
+        if mtp_coded and weights == "escha":
+            coded(b + "ffn_gate", H, m["n_ff"], 2)
+            coded(b + "ffn_up", H, m["n_ff"], 3)
+            coded(b + "ffn_down", m["n_ff"], H, 3)
+        else:
+            head_matrix(b + "ffn_gate.weight", [H, m["n_ff"]])
+            head_matrix(b + "ffn_up.weight", [H, m["n_ff"]])
+            head_matrix(b + "ffn_down.weight", [m["n_ff"], H])
         if agree:
             t = ref_type(b + "nextn.eh_proj.weight") if weights == "like" else F16
             if t == F16:
@@ -610,6 +623,8 @@ def main():
                          "of magnitude 1/16..1/8, for logit comparisons (llama.cpp quantizes the activations in front "
                          "of Q8_0 weights, which turns rounding differences into flipped values)")
     ap.add_argument("--mtp", action="store_true", help="add the MTP head (dense only)")
+    ap.add_argument("--mtp-coded", action="store_true",
+                    help="the escha model's MTP head projections coded too (escha quantize with a pattern for them)")
     ap.add_argument("--agree", action="store_true",
                     help="trunk and MTP head predict the same token at every step (the best case of drafting)")
     ap.add_argument("-o", "--output", required=True)
@@ -627,7 +642,7 @@ def main():
             if k in m:
                 m[k] //= a.shrink
         m["n_vocab"] = 4096
-    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain, a.mtp, a.agree, a.like)
+    build(a.model, n_layer, a.weights, a.imatrix, a.output, a.rout, a.plain, a.mtp, a.agree, a.like, a.mtp_coded)
 
 
 if __name__ == "__main__":
