@@ -117,7 +117,9 @@ offload() {
 # so each tensor gets the type it would at full size; layers and options as
 # the full one), and synthetic-qwen35.py writes the full-size model with
 # random blocks of those types. Usage: quantized_twin MODEL LAYERS FTYPE OUT
-# [synthetic-qwen35.py options]; needs the build's llama-quantize.
+# [synthetic-qwen35.py options]; needs the build's llama-quantize. The small
+# quantized model stays ($M/small-NAME-q.gguf, NAME the twin's) for
+# escha models whose other matrices take its types.
 quantized_twin() {
     local model=$1 layers=$2 ftype=$3 dst=$4 S=hip/synthetic-qwen35.py shrink small im
     shift 4
@@ -133,7 +135,7 @@ quantized_twin() {
     python3 $S --model $model --layers "$layers" --weights like --like "$small-q.gguf" "$@" -o "$dst.tmp" \
         >> "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
         || die "$dst: writing the twin like $small-q.gguf failed ($out/twin-$(basename "$dst" .gguf).log)"
-    rm -f "$small-f16.gguf" "$small-q.gguf" "$small.imatrix"
+    rm -f "$small-f16.gguf" "$small.imatrix"
     mv "$dst.tmp" "$dst"
 }
 # The mtp step's escha models (no build needed: run it while building):
@@ -156,8 +158,8 @@ mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
 bench_on_off() {
     local tag=$1 setting=$2 m f g
     for m in $MODELS; do
-        for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-            [ -f "$f" ] || { echo "missing $f"; continue; }
+        for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+            [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
             for g in on off; do
                 env $([ $g = off ] && echo "$setting") $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
                     > "$out/$tag-$(basename "$f" .gguf)-$g.md" 2>&1 || die "$tag: llama-bench $f ($g) failed"
@@ -395,11 +397,17 @@ for step in "$@"; do
         [ $step = q4km ] && ftype=Q4_K_M tag=q4km || ftype=IQ2_XXS tag=iq2xxs
         has dense && quantized_twin dense27b "$DENSE_LAYERS" $ftype $M/dense-$tag.gguf
         has moe && quantized_twin moe35b "$MOE_LAYERS" $ftype $M/moe-$tag.gguf
+        # Like with like: escha experts, every other matrix in Q4_K_M's types
+        # (the escha model keeps them Q8_0, as the exports do).
+        if has moe && [ $step = q4km ] && [ ! -f $M/moe-escha-q4rest.gguf ]; then
+            python3 hip/synthetic-qwen35.py --model moe35b --layers "$MOE_LAYERS" --weights escha \
+                --like $M/small-moe-q4km-q.gguf -o $M/moe-escha-q4rest.gguf.tmp && mv $M/moe-escha-q4rest.gguf.tmp $M/moe-escha-q4rest.gguf
+        fi
         ls -la $M ;;
     bench)
         for m in $MODELS; do
-            for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-                [ -f "$f" ] || { echo "missing $f"; continue; }
+            for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+                [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
                 $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
             done
         done ;;
@@ -415,8 +423,8 @@ for step in "$@"; do
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"
         for m in $MODELS; do
-            for f in $M/$m-escha.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-                [ -f "$f" ] || { echo "missing $f"; continue; }
+            for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
+                [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
                 echo "== $f"
                 $B/llama-batched-bench -m "$f" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,4,16,32 \
                     > "$out/batched-$(basename "$f" .gguf).log" 2>&1 || die "batched: $f failed"

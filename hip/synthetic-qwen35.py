@@ -353,7 +353,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     pool = Pool()
     g = Gguf()
     imat = []  # (weight name, n_per_row, n_mat)
-    ref_types, ref_ftype = tensor_types(like) if weights == "like" else ({}, None)
+    ref_types, ref_ftype = tensor_types(like) if like else ({}, None)
     runs = {}  # ggml type -> RandomBlocks
     # --agree: an eighth of the weights' size, so that over 64 layers no
     # layer outweighs dim 0 (the escha model's are small through rout).
@@ -431,8 +431,9 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
     twin_values = pool.tame if agree else pool.f16
 
     def dense_matrix(name, ne):
-        """A non-coded matrix: F16 in the twin, Q8_0 in the escha model."""
-        if weights == "like":
+        """A non-coded matrix: F16 in the twin, Q8_0 in the escha model (with
+        `like`, the reference's type)."""
+        if like:
             like_matrix(name, ne)
         elif weights == "f16":
             g.tensor(name, ne, F16, lambda out, n: pool.stream(twin_values, n, out))
@@ -471,7 +472,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
             imat.append((name, ne[0], 1))
 
     def row_type(name):
-        return ref_type(name) if weights == "like" else F16 if weights == "f16" else Q8_0
+        return ref_type(name) if like else F16 if weights == "f16" else Q8_0
 
     def crafted_rows(name, first):
         """--agree rows of token_embd / output: weight 0 of row r is
@@ -514,27 +515,35 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         dense_matrix("output.weight", [H, nv])
     n_q = m["n_head"] * hd
     n_kv = m["n_head_kv"] * hd
+    def trunk_linear(stem, ic, oc, k):
+        """An attention or DeltaNet projection: coded in the dense export, int8
+        (Q8_0 here) in the MoE one, which codes only the routed experts."""
+        if moe:
+            dense_matrix(stem + ".weight", [ic, oc])
+        else:
+            coded(stem, ic, oc, k)
+
     for il in range(n_layer):
         b = "blk.%d." % il
         vec(b + "attn_norm.weight", H)
         vec(b + "post_attention_norm.weight", H)
         if (il + 1) % 4 == 0:  # full attention
-            coded(b + "attn_q", H, 2 * n_q, 2)  # query + gate
-            coded(b + "attn_k", H, n_kv, 2)
-            coded(b + "attn_v", H, n_kv, 2)
-            coded(b + "attn_output", n_q, H, 2)
+            trunk_linear(b + "attn_q", H, 2 * n_q, 2)  # query + gate
+            trunk_linear(b + "attn_k", H, n_kv, 2)
+            trunk_linear(b + "attn_v", H, n_kv, 2)
+            trunk_linear(b + "attn_output", n_q, H, 2)
             vec(b + "attn_q_norm.weight", hd)
             vec(b + "attn_k_norm.weight", hd)
         else:  # gated DeltaNet
-            coded(b + "attn_qkv", H, 2 * key_dim + value_dim, 2)
-            coded(b + "attn_gate", H, value_dim, 2)
+            trunk_linear(b + "attn_qkv", H, 2 * key_dim + value_dim, 2)
+            trunk_linear(b + "attn_gate", H, value_dim, 2)
             g.tensor(b + "ssm_conv1d.weight", [4, 2 * key_dim + value_dim], F32, const_f32(0.1))
             vec(b + "ssm_dt.bias", m["ssm_v_heads"], 0.0)
             vec(b + "ssm_a", m["ssm_v_heads"], -1.0)
             dense_matrix(b + "ssm_beta.weight", [H, m["ssm_v_heads"]])
             dense_matrix(b + "ssm_alpha.weight", [H, m["ssm_v_heads"]])
             vec(b + "ssm_norm.weight", m["ssm_state"])
-            coded(b + "ssm_out", value_dim, H, 2)
+            trunk_linear(b + "ssm_out", value_dim, H, 2)
         if not moe:
             coded(b + "ffn_gate", H, m["n_ff"], 2)
             coded(b + "ffn_up", H, m["n_ff"], 3)
@@ -613,7 +622,8 @@ def main():
     ap.add_argument("--weights", choices=["f16", "escha", "like"], required=True,
                     help="like: every tensor in the type --like has it (llama-quantize's choice on a --shrink twin "
                          "with the same layers and options), random blocks; a quantized twin without its f16 file")
-    ap.add_argument("--like", help="for --weights like: the GGUF whose tensor types to take")
+    ap.add_argument("--like", help="the GGUF whose tensor types to take: every tensor (--weights like), or with "
+                                   "--weights escha every matrix not coded (like with like against that quantization)")
     ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
     ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
     ap.add_argument("--rout", type=float, default=0.02,
@@ -629,8 +639,8 @@ def main():
                     help="trunk and MTP head predict the same token at every step (the best case of drafting)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
-    if (a.weights == "like") != bool(a.like):
-        sys.exit("--weights like and --like go together")
+    if a.weights == "like" and not a.like or a.like and a.weights == "f16":
+        sys.exit("--like goes with --weights like (every tensor) or escha (every matrix escha does not code)")
     if a.mtp and "n_expert" in MODELS[a.model]:
         sys.exit("--mtp: the 35B-A3B export ships no usable MTP head (it has no routed experts for it)")
     n_layer = a.layers or MODELS[a.model]["n_layer"]
