@@ -6,7 +6,9 @@
 #   3. the HIP compile check (skipped with a note without hipcc)
 #   4. the llama.cpp tools start
 #   5. Gemma-3-270M end to end (examples/gemma-demo.sh --quick --check)
-#   6. Qwen3.5 dense and MoE end to end (tests/qwen35-e2e.sh)
+#   6. Qwen3.5 dense and MoE end to end (tests/qwen35-e2e.sh), then the
+#      synthetic models' blocks (tests/synthetic_twins.py) in its Python
+#      environment
 #   7. the kernels on aarch64 (NEON) under qemu (skipped with a note
 #      without the target)
 #   8. the mutants of tests/mutants.py's fast group: each bug the docs say
@@ -56,6 +58,12 @@ examples/gemma-demo.sh --quick --check
 
 log "Qwen3.5 dense and MoE: converter, loader, published 27B layout (tests/qwen35-e2e.sh)"
 tests/qwen35-e2e.sh
+
+log "the synthetic models' quantized blocks, read back by upstream's gguf-py (tests/synthetic_twins.py)"
+# In the Python environment tests/qwen35-e2e.sh made (numpy).
+PYTHONPATH="$(readlink -f target/release/llama.cpp-convert)/gguf-py" \
+    "${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/qwen35/venv/bin/python" tests/synthetic_twins.py \
+    "$bin/llama-quantize" "$(mktemp -d)"
 
 if rustup target list --installed 2>/dev/null | grep -q aarch64-unknown-linux-gnu \
    || timeout 300 rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The synthetic models' quantized blocks (hip/synthetic-qwen35.py), read
+back by upstream's gguf-py: its dequantizers and its GGUF reader are an
+independent implementation of every block layout and of the file format.
+
+  PYTHONPATH=<pinned llama.cpp>/gguf-py python tests/synthetic_twins.py LLAMA_QUANTIZE WORKDIR
+
+Checks:
+- --agree's crafted first blocks hold exactly one nonzero weight, the one
+  asked for, and the constant blocks of eh_proj hold it in every weight;
+- random blocks of every type the writer fills are finite, below the
+  writer's stated size, and centred on 0 (the types with a minimum too);
+- a --weights like twin of a model llama-quantize made (Q4_K_M, MTP head,
+  --agree) has every tensor in the same type and of the same size, and
+  gguf-py reads it.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("synthetic", os.path.join(HERE, "..", "hip", "synthetic-qwen35.py"))
+syn = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(syn)
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def weights(ttype, blocks):
+    data = np.frombuffer(blocks, dtype=np.uint8).reshape(1, -1)
+    return quants.dequantize(data, GGMLQuantizationType(ttype)).reshape(-1).astype(np.float64)
+
+
+F16_REL = 2.0 ** -10  # a value through an f16 scale
+
+for t in (syn.Q8_0, 12, 13, 14):
+    name = syn.type_name(t)
+    for v in (1000.0, 1.0, 0.0):
+        w = weights(t, syn.single_block(t, v))
+        check(abs(w[0] - v) <= v * F16_REL and not w[1:].any(),
+              "%s single block %g: weight 0 is %g, %d other weights nonzero" % (name, v, w[0], np.count_nonzero(w[1:])))
+    w = weights(t, syn.constant_block(t, 16.0))
+    check(np.all(w == w[0]) and abs(w[0] - 16.0) <= 16.0 * F16_REL,
+          "%s constant block 16: weights %g..%g" % (name, w.min(), w.max()))
+
+pool = syn.Pool(size=1 << 22)
+for t in sorted(syn.BLOCKS):
+    for scale in (1.0, 1 / 8):
+        run = syn.RandomBlocks(pool, t, scale, count=1024)
+        w = weights(t, bytes(run.data))
+        big = np.abs(w).max()
+        # Q4_0's and IQ4_NL's grids lean negative (-8..7, -127..113): 12% and
+        # 11% of mean |w| for uniform codes; weights without a centred minimum
+        # would be 100%.
+        check(np.isfinite(w).all() and big <= 2.0 * scale and abs(w.mean()) <= 0.15 * np.abs(w).mean(),
+              "%s random blocks x%g: max |w| %.3g, mean %.3g of mean |w| %.3g"
+              % (syn.type_name(t), scale, big, w.mean(), np.abs(w).mean()))
+
+quantize, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+s = os.path.join(HERE, "..", "hip", "synthetic-qwen35.py")
+small = ["--model", "dense27b", "--layers", "4", "--shrink", "4", "--mtp", "--agree"]
+f16, ref, like = (os.path.join(work, n) for n in ("f16.gguf", "q4km.gguf", "like.gguf"))
+subprocess.run([sys.executable, s, *small, "--weights", "f16", "-o", f16], check=True)
+subprocess.run([quantize, f16, ref, "Q4_K_M", "2"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.run([sys.executable, s, *small, "--weights", "like", "--like", ref, "-o", like], check=True)
+a = {t.name: (t.tensor_type, t.n_bytes, list(t.shape)) for t in GGUFReader(ref).tensors}
+b = {t.name: (t.tensor_type, t.n_bytes, list(t.shape)) for t in GGUFReader(like).tensors}
+check(a.keys() == b.keys(), "like twin: the reference's %d tensors, %d written" % (len(a), len(b)))
+diff = [n for n in a if n in b and a[n] != b[n]]
+check(not diff, "like twin: type, size and shape of every tensor as llama-quantize's (%d differ%s)"
+      % (len(diff), ": " + ", ".join(diff[:4]) if diff else ""))
+for f in (f16, ref, like):
+    os.remove(f)
+
+if failures:
+    sys.exit("%d synthetic-twin checks failed" % len(failures))
+print("synthetic twins: all checks passed")
