@@ -61,6 +61,14 @@ CHECKS = {
     "metal_glue_moe": SHIMS + ["--test", "metal_shim", "ggml_glue_moe"],
     # The whole end-to-end script, with a short mutation guard.
     "qwen35_e2e": ["env", "ESCHA_MUTANTS=20", "tests/qwen35-e2e.sh"],
+    # The benchmarks' synthetic blocks through upstream's gguf-py, in the
+    # Python environment tests/qwen35-e2e.sh makes, with this repository's
+    # built llama-quantize (the copy's scripts are the ones checked).
+    "synthetic_twins": ["env", "PYTHONPATH=" + os.path.join(ROOT, "target", "release", "llama.cpp-convert", "gguf-py"),
+                        os.path.join(os.environ.get("ESCHA_CACHE_DIR") or os.path.expanduser("~/.cache/escha-ggml"),
+                                     "qwen35", "venv", "bin", "python"),
+                        "tests/synthetic_twins.py", os.path.join(ROOT, "target", "release", "llama.cpp-bin", "llama-quantize"),
+                        os.path.join(tempfile.gettempdir(), "escha-synthetic-twins")],
 }
 
 # Run on the GPU machine by the device script (not here): test-backend-ops of
@@ -284,6 +292,20 @@ MUTANTS += [
     M("cuda-fused-early", "fast", CUH,
       "if (before + 1 != 2 * gridDim.y) {", "if (before + 2 != 2 * gridDim.y) {",
       "cuda_shim", "fused kernel: the output transform run by the next-to-last warp, before the last one's sums are in"),
+]
+
+# The GPU benchmarks' synthetic models (hip/synthetic-qwen35.py), caught by
+# tests/synthetic_twins.py.
+SYN = "hip/synthetic-qwen35.py"
+MUTANTS += [
+    M("synthetic-q6k-fill", "fast", SYN,
+      '        z[128:128 + 16] = b"\\x02" * 16  # q = 32: 0',
+      '        z[128:128 + 16] = b"\\x01" * 16  # q = 32: 0',
+      "synthetic_twins", "synthetic --agree rows: a Q6_K first block's other weights not zero (high bits 1, not 2)"),
+    M("synthetic-q4k-uncentred", "fast", SYN,
+      "    12: (256, 144, (0, 2), (1 / 2048, 7.5 / 2048)),  # Q4_K",
+      "    12: (256, 144, (0, 2), (1 / 2048, 0.0)),  # Q4_K",
+      "synthetic_twins", "synthetic random Q4_K blocks without their centring minimum (every weight >= 0)"),
 ]
 
 # Group e2e (slow: each mutant rebuilds the tools and runs the whole Qwen3.5
