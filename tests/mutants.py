@@ -415,7 +415,7 @@ class Runner:
 BUILD_ERROR = re.compile(r"^error: could not compile|^error occurred in cc-rs|failed to run custom build command|"
                          r"^error: linking with|^error\[E\d+\]: ", re.M)
 FAILED_TEST = re.compile(r"^test (\S+) \.\.\. FAILED", re.M)
-PASSED_TEST = re.compile(r"^test \S+ \.\.\. ok|^qwen35 checks passed$", re.M)
+PASSED_TEST = re.compile(r"^test \S+ \.\.\. ok|^qwen35 checks passed$|^synthetic twins: all checks passed$", re.M)
 
 
 def classify(rc, output):
