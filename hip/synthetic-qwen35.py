@@ -75,12 +75,8 @@ class Pool:
         tame = bytes((b & 0x83) | (0x0B << 2) for b in range(256))
         raw[1::2] = bytes(self.raw[1::2]).translate(tame)
         self.tame = bytes(raw)
-        # Q8_0 blocks (f16 scale 2^-7, random int8 values), made once: the
-        # per-row writers of --agree take a row's worth at a time.
-        q8 = bytearray(self.raw[:34 * Q8_0_PER])
-        q8[0::34] = bytes([0x00]) * Q8_0_PER
-        q8[1::34] = bytes([0x20]) * Q8_0_PER
-        self.q8_0 = memoryview(bytes(q8))
+        # Q8_0 blocks (f16 scale 2^-7, random int8 values), made once.
+        self.q8_0 = RandomBlocks(self, Q8_0, count=Q8_0_PER)
         self.pos = 0
 
     def stream(self, src, n, out):
@@ -96,16 +92,6 @@ class Pool:
         """A start that differs from one tensor to the next."""
         self.pos += 1
         return self.pos * 4099
-
-
-def q8_0_rows(pool, n_blocks, out, at=0):
-    """`n_blocks` of the pool's Q8_0 blocks, from block `at` on."""
-    at %= Q8_0_PER
-    while n_blocks > 0:
-        k = min(n_blocks, Q8_0_PER - at)
-        out.write(pool.q8_0[34 * at:34 * (at + k)])
-        n_blocks -= k
-        at = 0
 
 
 # Quantized types a --like twin may hold: ggml type -> (weights a block,
@@ -442,7 +428,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         elif plain == "f16":
             g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame, n, out))
         else:
-            g.tensor(name, ne, Q8_0, lambda out, n: q8_0_rows(pool, n // 34, out))
+            g.tensor(name, ne, Q8_0, lambda out, n: pool.q8_0.rows(n // 34, out))
 
     def coded(stem, ic, oc, k, n_exp=0):
         """A projection the real checkpoints code (ic -> oc, K bits)."""
@@ -482,7 +468,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
             sys.exit("%s: --agree writes %s's first weight exactly, which %s cannot hold here (F16, Q8_0, Q4_K, Q5_K "
                      "or Q6_K can)" % (like, name, type_name(t)))
         per, size = (1, 2) if t == F16 else BLOCKS[t][:2]
-        if t not in (F16,) and t not in runs:
+        if t != F16 and t not in runs:
             runs[t] = RandomBlocks(pool, t, block_scale)
 
         def write(out, n):
@@ -561,36 +547,32 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         b = "blk.%d." % n_layer
         vec(b + "attn_norm.weight", H)
         vec(b + "post_attention_norm.weight", H)
-        if mtp_coded and weights == "escha":
-            # As `escha quantize` codes the head when a pattern asks (K as the trunk's).
-            coded(b + "attn_q", H, 2 * n_q, 2)
-            coded(b + "attn_k", H, n_kv, 2)
-            coded(b + "attn_v", H, n_kv, 2)
-            coded(b + "attn_output", n_q, H, 2)
-        else:
-            head_matrix(b + "attn_q.weight", [H, 2 * n_q])
-            head_matrix(b + "attn_k.weight", [H, n_kv])
-            head_matrix(b + "attn_v.weight", [H, n_kv])
-            head_matrix(b + "attn_output.weight", [n_q, H])
+        def head_linear(stem, ic, oc, k):
+            """A head projection: f16 (head_matrix), or coded as `escha
+            quantize` codes it when a pattern asks (K as the trunk's)."""
+            if mtp_coded and weights == "escha":
+                coded(stem, ic, oc, k)
+            else:
+                head_matrix(stem + ".weight", [ic, oc])
+
+        head_linear(b + "attn_q", H, 2 * n_q, 2)
+        head_linear(b + "attn_k", H, n_kv, 2)
+        head_linear(b + "attn_v", H, n_kv, 2)
+        head_linear(b + "attn_output", n_q, H, 2)
         vec(b + "attn_q_norm.weight", hd)
         vec(b + "attn_k_norm.weight", hd)
-        if mtp_coded and weights == "escha":
-            coded(b + "ffn_gate", H, m["n_ff"], 2)
-            coded(b + "ffn_up", H, m["n_ff"], 3)
-            coded(b + "ffn_down", m["n_ff"], H, 3)
-        else:
-            head_matrix(b + "ffn_gate.weight", [H, m["n_ff"]])
-            head_matrix(b + "ffn_up.weight", [H, m["n_ff"]])
-            head_matrix(b + "ffn_down.weight", [m["n_ff"], H])
+        head_linear(b + "ffn_gate", H, m["n_ff"], 2)
+        head_linear(b + "ffn_up", H, m["n_ff"], 3)
+        head_linear(b + "ffn_down", m["n_ff"], H, 3)
         if agree:
             t = ref_type(b + "nextn.eh_proj.weight") if weights == "like" else F16
+            blk = None if t == F16 else constant_block(t, 16.0)
             if t == F16:
                 g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], F16, const_f16(f16_bits(16.0)))
-            elif constant_block(t, 16.0) is None:
+            elif blk is None:
                 sys.exit("%s: --agree needs nextn.eh_proj constant (16), which %s cannot hold here (F16, Q8_0, Q4_K, "
                          "Q5_K or Q6_K can)" % (like, type_name(t)))
             else:
-                blk = constant_block(t, 16.0)
                 g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], t, lambda out, n: out.write(blk * (n // len(blk))))
         else:
             head_matrix(b + "nextn.eh_proj.weight", [2 * H, H])
