@@ -66,6 +66,7 @@ mkdir -p "$out" "$M"
 DENSE_LAYERS=${DENSE_LAYERS:-16}
 MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
+MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
@@ -121,20 +122,19 @@ offload() {
 # quantized model stays ($M/small-NAME-q.gguf, NAME the twin's) for
 # escha models whose other matrices take its types.
 quantized_twin() {
-    local model=$1 layers=$2 ftype=$3 dst=$4 S=hip/synthetic-qwen35.py shrink small im
+    local model=$1 layers=$2 ftype=$3 dst=$4 S=hip/synthetic-qwen35.py shrink small im log
     shift 4
     [ -f "$dst" ] && return 0
     case $model in dense27b) shrink=4 ;; moe35b) shrink=2 ;; esac   # the MoE experts' 512 allow only 2
     small=$M/small-$(basename "$dst" .gguf)
+    log=$out/twin-$(basename "$dst" .gguf).log
     python3 $S --model $model --layers "$layers" --shrink $shrink --weights f16 "$@" -o "$small-f16.gguf" \
-        --imatrix "$small.imatrix" > "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
-        || die "$dst: writing the small f16 twin failed ($out/twin-$(basename "$dst" .gguf).log)"
+        --imatrix "$small.imatrix" > "$log" 2>&1 || die "$dst: writing the small f16 twin failed ($log)"
     case $ftype in IQ*) im="--imatrix $small.imatrix" ;; *) im= ;; esac
-    $B/llama-quantize $im "$small-f16.gguf" "$small-q.gguf" $ftype "$(nproc)" >> "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
-        || die "$dst: llama-quantize $ftype of the small twin failed ($out/twin-$(basename "$dst" .gguf).log)"
-    python3 $S --model $model --layers "$layers" --weights like --like "$small-q.gguf" "$@" -o "$dst.tmp" \
-        >> "$out/twin-$(basename "$dst" .gguf).log" 2>&1 \
-        || die "$dst: writing the twin like $small-q.gguf failed ($out/twin-$(basename "$dst" .gguf).log)"
+    $B/llama-quantize $im "$small-f16.gguf" "$small-q.gguf" $ftype "$(nproc)" >> "$log" 2>&1 \
+        || die "$dst: llama-quantize $ftype of the small twin failed ($log)"
+    python3 $S --model $model --layers "$layers" --weights like --like "$small-q.gguf" "$@" -o "$dst.tmp" >> "$log" 2>&1 \
+        || die "$dst: writing the twin like $small-q.gguf failed ($log)"
     rm -f "$small-f16.gguf" "$small.imatrix"
     mv "$dst.tmp" "$dst"
 }
@@ -143,7 +143,7 @@ quantized_twin() {
 mtp_gen() {
     local S=hip/synthetic-qwen35.py w
     for w in escha escha-coded; do
-        [[ " ${MTP_WEIGHTS:-escha q4km} " == *" $w "* ]] || continue
+        [[ " $MTP_WEIGHTS " == *" $w "* ]] || continue
         [ -f "$(mtp_model $w)" ] && continue
         python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree $([ $w = escha-coded ] && echo --mtp-coded) \
             -o "$(mtp_model $w).tmp" > "$out/mtp-gen-$w.log" 2>&1 || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
@@ -368,9 +368,9 @@ for step in "$@"; do
         # picks the models.
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
-        [[ " ${MTP_WEIGHTS:-escha q4km} " == *" q4km "* ]] && quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
+        [[ " $MTP_WEIGHTS " == *" q4km "* ]] && quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
         echo "mtp: models written at ${SECONDS} s"
-        for m in ${MTP_WEIGHTS:-escha q4km}; do
+        for m in $MTP_WEIGHTS; do
             $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
                 || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
             grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
