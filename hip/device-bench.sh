@@ -23,6 +23,8 @@
 #   mutant-objects  compiles the mutants' objects (all at once) on a
 #            configured build, e.g. while the build runs:
 #     bash hip/device-build.sh configure && { bash hip/device-bench.sh mutant-objects & bash hip/device-build.sh; wait; } && bash hip/device-bench.sh mutants
+#   moe-perf test-backend-ops perf of the MoE ops at 1-2048 tokens, at
+#            each grouped block size, and MUL_MAT_ID with Q4_K and IQ2_XXS
 #   decode   the decode-once kernel (the dense BLAS path) against the C
 #            reference bit for bit on this GPU, and its time (needs only nvcc)
 #   mtp      the dense 27B shape with an always-agreeing MTP head, escha
@@ -70,7 +72,7 @@ MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 58 ;; ESCHA_MOE) echo 31 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 58 ;; ESCHA_MOE) echo 35 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -155,11 +157,19 @@ mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
 # llama-bench tg128 / pp512 of the escha, Q4_K_M and IQ2_XXS models present, with
 # the default settings ("on") and with the environment setting $2 ("off");
 # logs named after $1.
+# The models of MODEL (dense or moe) that gen / q4km / iq2 wrote, in the
+# order the tables list them; a missing one is named on stderr (the
+# like-with-like MoE model is optional).
+model_files() {
+    local f
+    for f in $M/$1-escha.gguf $M/$1-escha-q4rest.gguf $M/$1-q4km.gguf $M/$1-iq2xxs.gguf; do
+        if [ -f "$f" ]; then echo "$f"; elif [[ $f != *-q4rest.gguf ]]; then echo "missing $f" >&2; fi
+    done
+}
 bench_on_off() {
     local tag=$1 setting=$2 m f g
     for m in $MODELS; do
-        for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-            [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
+        for f in $(model_files $m); do
             for g in on off; do
                 env $([ $g = off ] && echo "$setting") $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md \
                     > "$out/$tag-$(basename "$f" .gguf)-$g.md" 2>&1 || die "$tag: llama-bench $f ($g) failed"
@@ -335,6 +345,22 @@ for step in "$@"; do
             > "$out/perf-mulmat.log" 2>&1 || die "perf: MUL_MAT failed"
         echo "== MUL_MAT"
         grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
+    moe-perf)
+        # The MoE ops' block sizes against each other (GGML_ESCHA_MOE_ROWS:
+        # GEMV blocks of 8-64 rows, 100 the tensor-core kernel), the shipped
+        # plan first, then MUL_MAT_ID with Q4_K and IQ2_XXS at the same shapes.
+        for v in shipped: r8:GGML_ESCHA_MOE_ROWS=8 r16:GGML_ESCHA_MOE_ROWS=16 r32:GGML_ESCHA_MOE_ROWS=32 \
+                 r64:GGML_ESCHA_MOE_ROWS=64 mma:GGML_ESCHA_MOE_ROWS=100; do
+            tag=${v%%:*} setting=${v#*:}
+            env $setting $B/test-backend-ops perf -b CUDA0 -o ESCHA_MOE > "$out/moe-perf-$tag.log" 2>&1 \
+                || die "moe-perf: escha ops ($tag) failed"
+            echo "== escha MoE, $tag"
+            grep -h "us/run" "$out/moe-perf-$tag.log" | sed 's/,scales=.*)/)/'
+        done
+        $B/test-backend-ops perf -b CUDA0 -o MUL_MAT_ID -p 'n_mats=256,n_used=8' > "$out/moe-perf-mulmatid.log" 2>&1 \
+            || die "moe-perf: MUL_MAT_ID failed"
+        echo "== MUL_MAT_ID"
+        grep -h "us/run" "$out/moe-perf-mulmatid.log" | sed 's/,amax=.*)/)/' ;;
     decode)
         # The decode-once kernel on this GPU against the C reference, bit for bit, and its time.
         export PATH=/usr/local/cuda/bin:$PATH
@@ -406,8 +432,7 @@ for step in "$@"; do
         ls -la $M ;;
     bench)
         for m in $MODELS; do
-            for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-                [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
+            for f in $(model_files $m); do
                 $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
             done
         done ;;
@@ -423,8 +448,7 @@ for step in "$@"; do
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"
         for m in $MODELS; do
-            for f in $M/$m-escha.gguf $M/$m-escha-q4rest.gguf $M/$m-q4km.gguf $M/$m-iq2xxs.gguf; do
-                [ -f "$f" ] || { [[ $f == *-q4rest.gguf ]] || echo "missing $f"; continue; }
+            for f in $(model_files $m); do
                 echo "== $f"
                 $B/llama-batched-bench -m "$f" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,4,16,32 \
                     > "$out/batched-$(basename "$f" .gguf).log" 2>&1 || die "batched: $f failed"

@@ -38,9 +38,23 @@ static_assert(escha_env_switch("1") && escha_env_switch("00") && escha_env_switc
 static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 
 // Rows one weight serves in the GEMV kernel at most: 8, 16, 32 or 64 rows
-// a block (dense; MoE groups stay at 16, as few rows reach one expert).
+// a block (a dense op's rows, or the rows an expert gets on average).
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
-static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS_MOE = 16;
+
+// The rows a block of a GROUPED MoE op is sized for: the rows an expert
+// gets on average (n_rows slots over n_expert experts, at least 1), not the
+// most it can get (n_tokens). A block of n_tokens rows leaves most of its
+// rows empty: at 512 tokens the 35B's 256 experts get 16 rows each on
+// average, and 64-row tensor-core blocks decoded 0.16 T weights/s where
+// the GEMV decodes 3 T (docs/PERFORMANCE.md). An expert with more rows
+// takes more blocks (escha_cuda_plan.mblocks covers n_tokens).
+// GGML_ESCHA_MOE_ROWS (escha.cu) replaces it, for measuring.
+static constexpr int64_t escha_cuda_moe_block_rows(const int64_t n_rows, const int64_t n_expert) {
+    return n_expert <= 0 || n_rows <= n_expert ? 1 : (n_rows + n_expert - 1) / n_expert;
+}
+static_assert(escha_cuda_moe_block_rows(4096, 256) == 16 && escha_cuda_moe_block_rows(72, 256) == 1 &&
+                  escha_cuda_moe_block_rows(66, 4) == 17 && escha_cuda_moe_block_rows(16384, 256) == 64,
+              "the average over the experts, rounded up, at least 1");
 
 // The fused GEMV (one launch per op: input transform, multiply and output
 // transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
@@ -102,11 +116,13 @@ struct escha_cuda_plan {
 };
 
 // The grid of a given kernel family and grouping. per_group: rows that one
-// weight serves (dense: all rows; PER_SLOT: 1; GROUPED: the tokens). nt:
-// output tiles (OC / 16); warps: warps per block.
-static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t n_rows, int64_t per_group, int64_t n_expert,
-                                                  int nt, int warps) {
-    escha_cuda_plan p = {};
+// weight serves, which size the blocks (dense: all rows; PER_SLOT: 1;
+// GROUPED: escha_cuda_moe_block_rows); most: GROUPED, the rows one expert
+// can get (the tokens), which the blocks per expert cover. nt: output
+// tiles (OC / 16); warps: warps per block.
+static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t n_rows, int64_t per_group, int64_t most,
+                                                  int64_t n_expert, int nt, int warps) {
+    escha_cuda_plan p{};
     p.family = family;
     p.mode = mode;
     p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : per_group <= 32 ? 4 : 8;
@@ -122,7 +138,7 @@ static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t 
     } else if (mode == ESCHA_CUDA_PER_SLOT) {
         p.n_z = p.z_busy = n_rows;
     } else {
-        p.mblocks = (int) ((per_group + p.rows - 1) / p.rows);
+        p.mblocks = (int) ((most + p.rows - 1) / p.rows);
         p.n_z = n_expert * p.mblocks;
         p.z_busy = (n_expert < n_rows ? n_expert : n_rows) + n_rows / p.rows;
     }
@@ -133,16 +149,18 @@ static inline escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t 
 // tokens). use_mma: the device has tensor cores the kernels use (sm_80+
 // NVIDIA, not forced to SIMT). blas_min_rows: dense ops of at least this
 // many rows take the BLAS path (0: never). fused_max_rows: groups of at
-// most this many rows take the fused GEMV (0: never).
-static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
-                                                   int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows) {
+// most this many rows take the fused GEMV (0: never). moe_rows: GROUPED
+// blocks sized for this many rows (0: escha_cuda_moe_block_rows).
+static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
+                                                   int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows,
+                                                   int64_t moe_rows = 0) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
-    const int64_t per_group = !moe ? n_rows : (direct ? 1 : n_tokens);
+    const int64_t grouped   = moe_rows > 0 ? moe_rows : escha_cuda_moe_block_rows(n_rows, n_expert);
+    const int64_t per_group = !moe ? n_rows : (direct ? 1 : grouped);
     const int     mode      = !moe ? ESCHA_CUDA_DENSE : direct ? ESCHA_CUDA_PER_SLOT : ESCHA_CUDA_GROUPED;
-    const int64_t gemv_max  = moe ? ESCHA_CUDA_GEMV_MAX_ROWS_MOE : ESCHA_CUDA_GEMV_MAX_ROWS;
     const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
-    const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > gemv_max ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
-    escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_expert, nt, warps);
+    const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > ESCHA_CUDA_GEMV_MAX_ROWS ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
+    escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_tokens, n_expert, nt, warps);
     // Measured on the H200 (docs/PERFORMANCE.md): the fused kernel wins for
     // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
     // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
@@ -150,3 +168,14 @@ static inline escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int
     p.fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
     return p;
 }
+
+// The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
+// 16-row GEMV blocks at 512 tokens, 32 a row block list of each expert;
+// the tensor-core kernel once experts average more than 64 rows.
+static_assert(escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).family == ESCHA_CUDA_GEMV &&
+                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).nb == 2 &&
+                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).mblocks == 32 &&
+                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4, 100).family == ESCHA_CUDA_MMA &&
+                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).family == ESCHA_CUDA_MMA &&
+                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).mblocks == 64,
+              "MoE prefill blocks sized for the average expert");

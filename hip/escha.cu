@@ -181,6 +181,17 @@ static int64_t escha_blas_min_rows() {
     return v;
 }
 
+// GROUPED MoE blocks sized for GGML_ESCHA_MOE_ROWS rows when set (above
+// ESCHA_CUDA_GEMV_MAX_ROWS: the tensor-core prefill kernel), for measuring
+// the sizes against each other; unset or 0: the plan's own size.
+static int64_t escha_moe_rows() {
+    static const int64_t v = [] {
+        const char * s = getenv("GGML_ESCHA_MOE_ROWS");
+        return s ? std::max<int64_t>(0, (int64_t) atoll(s)) : 0;
+    }();
+    return v;
+}
+
 // mid = xh @ W for a dense op (a.code, a.xh, a.mid, all a.n_rows rows):
 // W decoded into f16 scratch from the pool, one weight at a time and never
 // kept, then one f16 x f16 product with f32 accumulation on the vendor's
@@ -246,7 +257,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
     escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                                escha_blas_min_rows(), escha_fused_max_rows());
+                                                escha_blas_min_rows(), escha_fused_max_rows(), escha_moe_rows());
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP

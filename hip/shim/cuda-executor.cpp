@@ -198,13 +198,13 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // as escha.cu forms them: row blocks, one per slot, or row blocks of each of
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
-           int64_t rows_per_group, int64_t n_expert, int ksplit, float * y) {
+           int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y) {
     const bool fused = path == k_path_fused;
     if (path < 0 || path > 4 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
         (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED))) {
         return -1;
     }
-    escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, n_expert, a.NT, ESCHA_WARPS);
+    escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
     plan.fused = fused;
     void (*kernel)(escha_mm_args) = nullptr;
     const bool blas = plan.family == ESCHA_CUDA_BLAS;
@@ -392,7 +392,7 @@ int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, c
     a.OC     = (int) oc;
     a.n_rows = m;
     a.mode   = 0;
-    return run_op(k, rows, v, m, a, path, m, 1, ksplit, y);
+    return run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y);
 }
 
 // One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used
@@ -440,7 +440,7 @@ int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const in
         a.ids    = ids;
         a.n_used = (int) n_used;
         a.si1    = ids_stride;
-        return run_op(k, rows, v, n_rows, a, path, 1, n_expert, ksplit, y);
+        return run_op(k, rows, v, n_rows, a, path, 1, 1, n_expert, ksplit, y);
     }
     for (int64_t e = 0; e < n_expert; e++) {
         bounds.push_back((int32_t) sorted.size());
@@ -456,7 +456,8 @@ int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const in
     a.mode   = 2;
     a.sorted = sorted.data();
     a.bounds = bounds.data();
-    return run_op(k, rows, v, n_rows, a, path, n_tokens, n_expert, ksplit, y);
+    // Blocks sized as escha.cu's plan sizes them, as many per expert as n_tokens rows take.
+    return run_op(k, rows, v, n_rows, a, path, escha_cuda_moe_block_rows(n_rows, n_expert), n_tokens, n_expert, ksplit, y);
 }
 
 } // extern "C"

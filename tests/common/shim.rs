@@ -200,6 +200,20 @@ pub fn route(seed: u64, t: usize, n_used: usize, nx: usize, e: usize, stride: us
     Route { t, n_used, nx, stride, ids }
 }
 
+/// As `route`, but every token's first choice is expert 0: that expert gets
+/// all `t` rows, more than the average a grouped block is sized for.
+pub fn route_hot(seed: u64, t: usize, n_used: usize, nx: usize, e: usize, stride: usize) -> Route {
+    let mut r = route(seed, t, n_used, nx, e, stride);
+    for tok in 0..t {
+        let row = &mut r.ids[tok * stride..tok * stride + n_used];
+        if let Some(i) = row.iter().position(|&id| id == 0) {
+            row.swap(0, i);
+        } else {
+            row[0] = 0;
+        }
+    }
+    r
+}
 
 /// `got` against the reference of every slot, within the bound.
 pub fn check_moe(what: &str, d: &MoeData, r: &Route, x: &[f32], got: &[f32]) -> Stats {
@@ -481,9 +495,14 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(6, 5, 2, nx, 4, 2), false, SIMT, 1, 506));
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
                 all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
-                // Grouped by expert: 8- and 16-row token-generation blocks, prefill, SIMT.
+                // Grouped by expert: GEMV blocks sized for the average rows
+                // an expert gets (8, 16, 32, 64), an expert that every token
+                // picks taking two of them; prefill, SIMT.
                 all.push(self.moe_case(&d, &route(9, 9, 2, nx, 4, 2), true, GEMV, 1, 509));
                 all.push(self.moe_case(&d, &route(16, 16, 2, nx, 4, 2), true, GEMV, 2, 516));
+                all.push(self.moe_case(&d, &route_hot(24, 24, 2, nx, 4, 2), true, GEMV, 1, 524));
+                all.push(self.moe_case(&d, &route_hot(40, 40, 2, nx, 4, 2), true, GEMV, 2, 540));
+                all.push(self.moe_case(&d, &route_hot(70, 70, 2, nx, 4, 2), true, GEMV, 1, 580));
                 all.push(self.moe_case(&d, &route(33, 33, 2, nx, 4, 2), true, PREFILL, 1, 533));
                 all.push(self.moe_case(&d, &route(70, 70, 2, nx, 4, 2), true, PREFILL, 3, 570));
                 all.push(self.moe_case(&d, &route(17, 17, 2, nx, 4, 2), true, SIMT, 2, 517));
