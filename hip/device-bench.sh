@@ -2,7 +2,8 @@
 # The H200 measurements of docs/PERFORMANCE.md, in steps that each fit one
 # device call (run hip/device-build.sh first; results go to $OUT or ./out):
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
-#            tensor-core path and on the SIMT path (the one HIP runs)
+#            tensor-core path and on the SIMT path (the one HIP runs), MoE
+#            also with its tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100)
 #   broken   parity with a deliberately wrong decode (each lane's state
 #            offset one bit off) must fail every case: patches the build
 #            tree's escha-kernels.cuh, rebuilds test-backend-ops, runs,
@@ -69,6 +70,7 @@ DENSE_LAYERS=${DENSE_LAYERS:-16}
 MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
 MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
+MOE_ROWS_TRIED=${MOE_ROWS_TRIED-8 16 32 64 100}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
@@ -245,9 +247,11 @@ for step in "$@"; do
         # reports success on 0 of 0 cases.
         for op in ESCHA_LINEAR ESCHA_MOE; do
             want=$(cases_of $op)
-            for path in tensor-cores simt; do
+            # MoE also through the tensor-core prefill kernel, which the
+            # plan leaves to GGML_ESCHA_MOE_ROWS above 64.
+            for path in tensor-cores simt $([ $op = ESCHA_MOE ] && echo moe-mma); do
                 log=$out/parity-$path-$op.log
-                if [ $path = simt ]; then env=(GGML_ESCHA_SIMT=1); else env=(); fi
+                case $path in simt) env=(GGML_ESCHA_SIMT=1) ;; moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; *) env=() ;; esac
                 env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$log" 2>&1 || die "$op $path: test-backend-ops exited $? ($log)"
                 grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
                 echo "$op $path: $want/$want tests passed"
@@ -346,11 +350,11 @@ for step in "$@"; do
         echo "== MUL_MAT"
         grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
     moe-perf)
-        # The MoE ops' block sizes against each other (GGML_ESCHA_MOE_ROWS:
-        # GEMV blocks of 8-64 rows, 100 the tensor-core kernel), the shipped
-        # plan first, then MUL_MAT_ID with Q4_K and IQ2_XXS at the same shapes.
-        for v in shipped: r8:GGML_ESCHA_MOE_ROWS=8 r16:GGML_ESCHA_MOE_ROWS=16 r32:GGML_ESCHA_MOE_ROWS=32 \
-                 r64:GGML_ESCHA_MOE_ROWS=64 mma:GGML_ESCHA_MOE_ROWS=100; do
+        # The MoE ops' block sizes against each other (GGML_ESCHA_MOE_ROWS
+        # for each of MOE_ROWS_TRIED: GEMV blocks of 8-64 rows, 100 the
+        # tensor-core kernel), the shipped plan first, then MUL_MAT_ID with
+        # Q4_K and IQ2_XXS at the same shapes.
+        for v in shipped: $(for r in $MOE_ROWS_TRIED; do echo r$r:GGML_ESCHA_MOE_ROWS=$r; done); do
             tag=${v%%:*} setting=${v#*:}
             env $setting $B/test-backend-ops perf -b CUDA0 -o ESCHA_MOE > "$out/moe-perf-$tag.log" 2>&1 \
                 || die "moe-perf: escha ops ($tag) failed"

@@ -41,20 +41,26 @@ static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 // a block (a dense op's rows, or the rows an expert gets on average).
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
 
-// The rows a block of a GROUPED MoE op is sized for: the rows an expert
-// gets on average (n_rows slots over n_expert experts, at least 1), not the
-// most it can get (n_tokens). A block of n_tokens rows leaves most of its
-// rows empty: at 512 tokens the 35B's 256 experts get 16 rows each on
-// average, and 64-row tensor-core blocks decoded 0.16 T weights/s where
-// the GEMV decodes 3 T (docs/PERFORMANCE.md). An expert with more rows
-// takes more blocks (escha_cuda_plan.mblocks covers n_tokens).
+// The rows a block of a GROUPED MoE op is sized for: twice the rows an
+// expert gets on average (n_rows slots over n_expert experts), at most 32,
+// not the most it can get (n_tokens). An expert with more rows takes more
+// blocks (escha_cuda_plan.mblocks covers n_tokens). Measured on the H200
+// with the 35B-A3B's experts (docs/PERFORMANCE.md, device-bench moe-perf):
+// blocks of n_tokens rows took the 64-row tensor-core kernel, three
+// quarters empty at 512 tokens (16 rows an expert on average: 3258 us for
+// gate_up); 32-row GEMV blocks took 380 us there and 1064 us at 2048
+// tokens, ahead of 16 rows (417, 1304) and 64 (513, 1279), and the
+// tensor-core kernel lost at every size up to 2048 tokens.
 // GGML_ESCHA_MOE_ROWS (escha.cu) replaces it, for measuring.
+static constexpr int64_t ESCHA_CUDA_MOE_BLOCK_MAX_ROWS = 32;
 static constexpr int64_t escha_cuda_moe_block_rows(const int64_t n_rows, const int64_t n_expert) {
-    return n_expert <= 0 || n_rows <= n_expert ? 1 : (n_rows + n_expert - 1) / n_expert;
+    const int64_t avg = n_expert <= 0 || n_rows <= n_expert ? 1 : (n_rows + n_expert - 1) / n_expert;
+    return 2 * avg < ESCHA_CUDA_MOE_BLOCK_MAX_ROWS ? 2 * avg : ESCHA_CUDA_MOE_BLOCK_MAX_ROWS;
 }
-static_assert(escha_cuda_moe_block_rows(4096, 256) == 16 && escha_cuda_moe_block_rows(72, 256) == 1 &&
-                  escha_cuda_moe_block_rows(66, 4) == 17 && escha_cuda_moe_block_rows(16384, 256) == 64,
-              "the average over the experts, rounded up, at least 1");
+static_assert(escha_cuda_moe_block_rows(4096, 256) == 32 && escha_cuda_moe_block_rows(72, 256) == 2 &&
+                  escha_cuda_moe_block_rows(1024, 256) == 8 && escha_cuda_moe_block_rows(27, 8) == 8 &&
+                  escha_cuda_moe_block_rows(60, 8) == 16 && escha_cuda_moe_block_rows(16384, 256) == 32,
+              "twice the average over the experts, rounded up, at most 32");
 
 // The fused GEMV (one launch per op: input transform, multiply and output
 // transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
@@ -170,12 +176,12 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
 }
 
 // The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
-// 16-row GEMV blocks at 512 tokens, 32 a row block list of each expert;
-// the tensor-core kernel once experts average more than 64 rows.
+// 32-row GEMV blocks at 512 and 4096 tokens, a row block list of each
+// expert that covers every token; the tensor-core kernel only when asked.
 static_assert(escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).family == ESCHA_CUDA_GEMV &&
-                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).nb == 2 &&
-                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).mblocks == 32 &&
+                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).nb == 4 &&
+                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).mblocks == 16 &&
                   escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4, 100).family == ESCHA_CUDA_MMA &&
-                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).family == ESCHA_CUDA_MMA &&
-                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).mblocks == 64,
+                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).nb == 4 &&
+                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).mblocks == 128,
               "MoE prefill blocks sized for the average expert");

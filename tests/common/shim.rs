@@ -495,12 +495,12 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(6, 5, 2, nx, 4, 2), false, SIMT, 1, 506));
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
                 all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
-                // Grouped by expert: GEMV blocks sized for the average rows
-                // an expert gets (8, 16, 32, 64), an expert that every token
-                // picks taking two of them; prefill, SIMT.
+                // Grouped by expert: GEMV blocks sized for twice the rows an
+                // expert gets on average (16 here, 32 at most), an expert
+                // that every token picks taking two and three 32-row blocks;
+                // prefill, SIMT.
                 all.push(self.moe_case(&d, &route(9, 9, 2, nx, 4, 2), true, GEMV, 1, 509));
                 all.push(self.moe_case(&d, &route(16, 16, 2, nx, 4, 2), true, GEMV, 2, 516));
-                all.push(self.moe_case(&d, &route_hot(24, 24, 2, nx, 4, 2), true, GEMV, 1, 524));
                 all.push(self.moe_case(&d, &route_hot(40, 40, 2, nx, 4, 2), true, GEMV, 2, 540));
                 all.push(self.moe_case(&d, &route_hot(70, 70, 2, nx, 4, 2), true, GEMV, 1, 580));
                 all.push(self.moe_case(&d, &route(33, 33, 2, nx, 4, 2), true, PREFILL, 1, 533));
@@ -513,6 +513,9 @@ impl CudaShim {
             all.push(self.moe_case(&d, &route(74, 3, 3, 3, 8, 8), false, FUSED, 2, 706));
             all.push(self.moe_case(&d, &route(72, 20, 3, 1, 8, 8), true, PREFILL, 1, 720));
             all.push(self.moe_case(&d, &route(73, 12, 3, 1, 8, 8), true, GEMV, 1, 712));
+            // 8- and 16-row blocks (27 and 60 slots over 8 experts), expert 0 taking two.
+            all.push(self.moe_case(&d, &route_hot(75, 9, 3, 1, 8, 8), true, GEMV, 1, 709));
+            all.push(self.moe_case(&d, &route_hot(76, 20, 3, 1, 8, 8), true, GEMV, 2, 721));
         }
         summarize(&format!("{} moe", self.name), &all);
     }
