@@ -156,9 +156,6 @@ mtp_gen() {
 }
 # The mtp step's model of weights $1, for DENSE_LAYERS layers.
 mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
-# llama-bench tg128 / pp512 of the escha, Q4_K_M and IQ2_XXS models present, with
-# the default settings ("on") and with the environment setting $2 ("off");
-# logs named after $1.
 # The models of MODEL (dense or moe) that gen / q4km / iq2 wrote, in the
 # order the tables list them; a missing one is named on stderr (the
 # like-with-like MoE model is optional).
@@ -168,6 +165,9 @@ model_files() {
         if [ -f "$f" ]; then echo "$f"; elif [[ $f != *-q4rest.gguf ]]; then echo "missing $f" >&2; fi
     done
 }
+# llama-bench tg128 / pp512 of the escha, Q4_K_M and IQ2_XXS models present, with
+# the default settings ("on") and with the environment setting $2 ("off");
+# logs named after $1.
 bench_on_off() {
     local tag=$1 setting=$2 m f g
     for m in $MODELS; do

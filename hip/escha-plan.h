@@ -178,10 +178,10 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
 // The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
 // 32-row GEMV blocks at 512 and 4096 tokens, a row block list of each
 // expert that covers every token; the tensor-core kernel only when asked.
-static_assert(escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).family == ESCHA_CUDA_GEMV &&
-                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).nb == 4 &&
-                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4).mblocks == 16 &&
-                  escha_cuda_make_plan(true, 4096, 512, 256, 64, 4, true, 128, 4, 100).family == ESCHA_CUDA_MMA &&
-                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).nb == 4 &&
-                  escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4).mblocks == 128,
+static constexpr escha_cuda_plan escha_cuda_plan_35b_512  = escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4);
+static constexpr escha_cuda_plan escha_cuda_plan_35b_4096 = escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4);
+static_assert(escha_cuda_plan_35b_512.family == ESCHA_CUDA_GEMV && escha_cuda_plan_35b_512.nb == 4 &&
+                  escha_cuda_plan_35b_512.mblocks == 16 && escha_cuda_plan_35b_4096.family == ESCHA_CUDA_GEMV &&
+                  escha_cuda_plan_35b_4096.nb == 4 && escha_cuda_plan_35b_4096.mblocks == 128 &&
+                  escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4, 100).family == ESCHA_CUDA_MMA,
               "MoE prefill blocks sized for the average expert");

@@ -171,24 +171,25 @@ static bool escha_fused_state(const int device, cudaStream_t stream, const size_
 }
 #endif // the fused kernel runs on the mma path, never on HIP
 
+// A row count from the environment variable `name`, or `unset` without it.
+static int64_t escha_env_rows(const char * name, const int64_t unset) {
+    const char * s = getenv(name);
+    return s ? (int64_t) atoll(s) : unset;
+}
+
 // The dense BLAS path's threshold: ESCHA_CUDA_BLAS_MIN_ROWS, or
 // GGML_ESCHA_BLAS_MIN_ROWS (0 turns the path off), read once.
 static int64_t escha_blas_min_rows() {
-    static const int64_t v = [] {
-        const char * s = getenv("GGML_ESCHA_BLAS_MIN_ROWS");
-        return s ? (int64_t) atoll(s) : ESCHA_CUDA_BLAS_MIN_ROWS;
-    }();
+    static const int64_t v = escha_env_rows("GGML_ESCHA_BLAS_MIN_ROWS", ESCHA_CUDA_BLAS_MIN_ROWS);
     return v;
 }
 
 // GROUPED MoE blocks sized for GGML_ESCHA_MOE_ROWS rows when set (above
 // ESCHA_CUDA_GEMV_MAX_ROWS: the tensor-core prefill kernel), for measuring
-// the sizes against each other; unset or 0: the plan's own size.
+// the sizes against each other; unset, 0 or less: the plan's own size
+// (escha_cuda_make_plan takes only a positive one), read once.
 static int64_t escha_moe_rows() {
-    static const int64_t v = [] {
-        const char * s = getenv("GGML_ESCHA_MOE_ROWS");
-        return s ? std::max<int64_t>(0, (int64_t) atoll(s)) : 0;
-    }();
+    static const int64_t v = escha_env_rows("GGML_ESCHA_MOE_ROWS", 0);
     return v;
 }
 

@@ -496,9 +496,9 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
                 all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
                 // Grouped by expert: GEMV blocks sized for twice the rows an
-                // expert gets on average (16 here, 32 at most), an expert
-                // that every token picks taking two and three 32-row blocks;
-                // prefill, SIMT.
+                // expert gets on average, at most 32 (16 rows at 9 and 16
+                // tokens, 32 at 40 and 70), an expert that every token picks
+                // taking two and three 32-row blocks; prefill, SIMT.
                 all.push(self.moe_case(&d, &route(9, 9, 2, nx, 4, 2), true, GEMV, 1, 509));
                 all.push(self.moe_case(&d, &route(16, 16, 2, nx, 4, 2), true, GEMV, 2, 516));
                 all.push(self.moe_case(&d, &route_hot(40, 40, 2, nx, 4, 2), true, GEMV, 2, 540));
