@@ -2,8 +2,10 @@
 # The H200 measurements of docs/PERFORMANCE.md, in steps that each fit one
 # device call (run hip/device-build.sh first; results go to $OUT or ./out):
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
-#            tensor-core path and on the SIMT path (the one HIP runs), MoE
-#            also with its tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100)
+#            tensor-core path, on the SIMT path (the one HIP runs) and in
+#            three launches an op (GGML_ESCHA_FUSED=0), MoE also with its
+#            tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100) and its
+#            decode slots in two launches (GGML_ESCHA_FUSED=out)
 #   broken   parity with a deliberately wrong decode (each lane's state
 #            offset one bit off) must fail every case: patches the build
 #            tree's escha-kernels.cuh, rebuilds test-backend-ops, runs,
@@ -71,10 +73,11 @@ MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
 MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
 MOE_ROWS_TRIED=${MOE_ROWS_TRIED-8 16 32 64 100}
+PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 fused-out:GGML_ESCHA_FUSED=out late:GGML_ESCHA_EARLY=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 58 ;; ESCHA_MOE) echo 35 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 59 ;; ESCHA_MOE) echo 35 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -244,18 +247,29 @@ for step in "$@"; do
     case $step in
     parity)
         # Each run must exit 0 and pass every case: the harness also
-        # reports success on 0 of 0 cases.
+        # reports success on 0 of 0 cases. Paths: the shipped plan, SIMT
+        # (the one HIP runs), three launches an op where the plan fuses
+        # (GGML_ESCHA_FUSED=0); MoE also through the tensor-core prefill
+        # kernel, which the plan leaves to GGML_ESCHA_MOE_ROWS above 64, and
+        # its decode slots in two launches (GGML_ESCHA_FUSED=out). All runs
+        # at once (each is mostly its CPU reference), then checked.
+        runs=()
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            want=$(cases_of $op)
-            # MoE also through the tensor-core prefill kernel, which the
-            # plan leaves to GGML_ESCHA_MOE_ROWS above 64.
-            for path in tensor-cores simt $([ $op = ESCHA_MOE ] && echo moe-mma); do
-                log=$out/parity-$path-$op.log
-                case $path in simt) env=(GGML_ESCHA_SIMT=1) ;; moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; *) env=() ;; esac
-                env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$log" 2>&1 || die "$op $path: test-backend-ops exited $? ($log)"
-                grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
-                echo "$op $path: $want/$want tests passed"
+            for path in tensor-cores simt unfused $([ $op = ESCHA_MOE ] && echo moe-mma fused-out); do
+                case $path in
+                    simt) env=(GGML_ESCHA_SIMT=1) ;; unfused) env=(GGML_ESCHA_FUSED=0) ;;
+                    moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; fused-out) env=(GGML_ESCHA_FUSED=out) ;; *) env=() ;;
+                esac
+                env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-$path-$op.log" 2>&1 &
+                runs+=("$!:$op:$path")
             done
+        done
+        for r in "${runs[@]}"; do
+            IFS=: read -r pid op path <<<"$r"
+            log=$out/parity-$path-$op.log want=$(cases_of $op)
+            wait "$pid" || die "$op $path: test-backend-ops exited with an error ($log)"
+            grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
+            echo "$op $path: $want/$want tests passed"
         done ;;
     broken)
         # The same parity with a deliberately wrong decode (each lane's
@@ -334,18 +348,22 @@ for step in "$@"; do
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
         # The shipped plan, then dependent launches off (GGML_CUDA_PDL=0),
-        # the fused token-generation kernel off (three launches an op), the dense BLAS path forced off and on (the
-        # crossover of ESCHA_CUDA_BLAS_MIN_ROWS), then llama.cpp's quants and
-        # f16 (cuBLAS) at the same shapes.
-        for v in shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1; do
+        # the fused token-generation kernels off (three launches an op) and
+        # the one-launch kernel off (MoE decode slots in two), the dense
+        # GEMV's first code loads after the wait (GGML_ESCHA_EARLY=0), the dense BLAS
+        # path forced off and on (the crossover of ESCHA_CUDA_BLAS_MIN_ROWS)
+        # (PERF_VARIANTS picks some), then llama.cpp's quants and f16
+        # (cuBLAS) at the same shapes (PERF_QUANTS=0 skips them).
+        for v in $PERF_VARIANTS; do
             tag=${v%%:*} setting=${v#*:}
             env $setting $B/test-backend-ops perf -b CUDA0 -o ESCHA_LINEAR,ESCHA_MOE \
                 > "$out/perf-escha-$tag.log" 2>&1 || die "perf: escha ops ($tag) failed"
             echo "== escha, $tag"
             grep -h "us/run" "$out/perf-escha-$tag.log" | sed 's/,per=.*pad=0)/)/'
         done
+        [ "${PERF_QUANTS:-1}" = 0 ] && continue # PERF_QUANTS=0: the escha ops only
         $B/test-backend-ops perf -b CUDA0 -o MUL_MAT \
-            -p 'type_a=(q4_K|q2_K|iq2_xxs|f16),type_b=f32,m=(17408|5120),n=(1|2|4|16|32|64|128|512),k=(5120|17408),bs=\[1,1\]' \
+            -p 'type_a=(q4_K|q2_K|iq2_xxs|f16),type_b=f32,m=(17408|5120),n=(1|2|4|8|16|32|64|128|512),k=(5120|17408),bs=\[1,1\]' \
             > "$out/perf-mulmat.log" 2>&1 || die "perf: MUL_MAT failed"
         echo "== MUL_MAT"
         grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
@@ -361,10 +379,14 @@ for step in "$@"; do
             echo "== escha MoE, $tag"
             grep -h "us/run" "$out/moe-perf-$tag.log" | sed 's/,scales=.*)/)/'
         done
-        $B/test-backend-ops perf -b CUDA0 -o MUL_MAT_ID -p 'n_mats=256,n_used=8' > "$out/moe-perf-mulmatid.log" 2>&1 \
-            || die "moe-perf: MUL_MAT_ID failed"
-        echo "== MUL_MAT_ID"
-        grep -h "us/run" "$out/moe-perf-mulmatid.log" | sed 's/,amax=.*)/)/' ;;
+        # One run per type, Q4_K first: making each case's random experts
+        # (256 of them, quantized on the host) takes most of the time.
+        for type in q4_K iq2_xxs; do
+            $B/test-backend-ops perf -b CUDA0 -o MUL_MAT_ID -p "type_a=$type,type_b=f32,n_mats=256,n_used=8" \
+                > "$out/moe-perf-mulmatid-$type.log" 2>&1 || die "moe-perf: MUL_MAT_ID $type failed"
+            echo "== MUL_MAT_ID $type"
+            grep -h "us/run" "$out/moe-perf-mulmatid-$type.log" | sed 's/,amax=.*)/)/'
+        done ;;
     decode)
         # The decode-once kernel on this GPU against the C reference, bit for bit, and its time.
         export PATH=/usr/local/cuda/bin:$PATH
