@@ -2,10 +2,9 @@
 # The H200 measurements of docs/PERFORMANCE.md, in steps that each fit one
 # device call (run hip/device-build.sh first; results go to $OUT or ./out):
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
-#            tensor-core path, on the SIMT path (the one HIP runs) and in
-#            three launches an op (GGML_ESCHA_FUSED=0), MoE also with its
-#            tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100) and its
-#            decode slots in two launches (GGML_ESCHA_FUSED=out)
+#            tensor-core path and on the SIMT path (the one HIP runs), MoE
+#            also with its tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100)
+#            and its decode slots in three launches (GGML_ESCHA_FUSED=0)
 #   broken   parity with a deliberately wrong decode (each lane's state
 #            offset one bit off) must fail every case: patches the build
 #            tree's escha-kernels.cuh, rebuilds test-backend-ops, runs,
@@ -73,11 +72,11 @@ MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
 MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
 MOE_ROWS_TRIED=${MOE_ROWS_TRIED-8 16 32 64 100}
-PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 fused-out:GGML_ESCHA_FUSED=out late:GGML_ESCHA_EARLY=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1}
+PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 late:GGML_ESCHA_EARLY=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 59 ;; ESCHA_MOE) echo 35 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 58 ;; ESCHA_MOE) echo 35 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -248,17 +247,16 @@ for step in "$@"; do
     parity)
         # Each run must exit 0 and pass every case: the harness also
         # reports success on 0 of 0 cases. Paths: the shipped plan, SIMT
-        # (the one HIP runs), three launches an op where the plan fuses
-        # (GGML_ESCHA_FUSED=0); MoE also through the tensor-core prefill
+        # (the one HIP runs); MoE also through the tensor-core prefill
         # kernel, which the plan leaves to GGML_ESCHA_MOE_ROWS above 64, and
-        # its decode slots in two launches (GGML_ESCHA_FUSED=out). All runs
+        # its decode slots in three launches (GGML_ESCHA_FUSED=0). All runs
         # at once (each is mostly its CPU reference), then checked.
         runs=()
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            for path in tensor-cores simt unfused $([ $op = ESCHA_MOE ] && echo moe-mma fused-out); do
+            for path in tensor-cores simt $([ $op = ESCHA_MOE ] && echo moe-mma unfused); do
                 case $path in
                     simt) env=(GGML_ESCHA_SIMT=1) ;; unfused) env=(GGML_ESCHA_FUSED=0) ;;
-                    moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; fused-out) env=(GGML_ESCHA_FUSED=out) ;; *) env=() ;;
+                    moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; *) env=() ;;
                 esac
                 env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-$path-$op.log" 2>&1 &
                 runs+=("$!:$op:$path")
@@ -348,9 +346,8 @@ for step in "$@"; do
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
         # The shipped plan, then dependent launches off (GGML_CUDA_PDL=0),
-        # the fused token-generation kernels off (three launches an op) and
-        # the one-launch kernel off (MoE decode slots in two), the dense
-        # GEMV's first code loads after the wait (GGML_ESCHA_EARLY=0), the dense BLAS
+        # the fused token-generation kernel off (three launches an op), the
+        # dense GEMV's first code loads after the wait (GGML_ESCHA_EARLY=0), the dense BLAS
         # path forced off and on (the crossover of ESCHA_CUDA_BLAS_MIN_ROWS)
         # (PERF_VARIANTS picks some), then llama.cpp's quants and f16
         # (cuBLAS) at the same shapes (PERF_QUANTS=0 skips them).

@@ -446,9 +446,8 @@ struct escha_mm_args {
     const int32_t  * bounds;   // mode 2: [E + 1]
     int              mblocks;  // mode 2: row blocks per expert
     escha_consts     dc;       // decode constants, set by escha_launch
-    // The fused token-generation kernels (escha_gemv_kernel's FUSE) write
-    // dst (ALL also reads x itself): mid and arrive start at 0 and they
-    // leave them so.
+    // The fused token-generation kernel (escha_gemv_kernel's FUSED) reads
+    // x itself and writes dst: mid and arrive start at 0 and it leaves them so.
     escha_rows       rows;
     escha_vecs       v;
     float          * dst;
@@ -713,33 +712,29 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // count and the accumulators, and it software-pipelines the loads: the next
 // tile row's code words and inputs are in flight while this one decodes.
 //
-// FUSE (escha_cuda_fuse, token generation, 8-row blocks):
-// - OUT (two launches an op): the multiply sums into mid and each warp
-//   counts itself done with its 128 outputs in arrive; the last of the
-//   warps that share them (2 per IC split, all splits) applies the output
-//   transform, and puts mid and the count back to 0 for the next op.
-// - ALL (one launch, up to ESCHA_CUDA_FUSED_MAX_ROWS rows): OUT, and each
-//   warp first computes the xh of its own rows and IC split (whole
-//   128-blocks, into its own shared rows) with the input transform's code.
-//   The xh redundancy (one per warp) is small next to the decode at these
-//   row counts.
-template <int K, int NTW, int NB, int FUSE = ESCHA_CUDA_FUSE_NONE>
+// FUSED (token generation, up to ESCHA_CUDA_FUSED_MAX_ROWS rows, one
+// launch per op): each warp computes the xh of its own rows and IC split
+// (whole 128-blocks, into its own shared rows) with the input transform's
+// code, sums into mid, and counts itself done with its 128 outputs in
+// arrive; the last of the warps that share them (2 per IC split, all
+// splits) applies the output transform, and puts mid and the count back
+// to 0 for the next op. The xh redundancy (one per warp) is small next to
+// the decode at these row counts.
+template <int K, int NTW, int NB, bool FUSED = false>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
-    constexpr int  W         = 8 * K;
-    constexpr int  ROWS      = NB * 8;
-    constexpr bool FUSED_IN  = FUSE == ESCHA_CUDA_FUSE_ALL;
-    constexpr bool FUSED_OUT = FUSE != ESCHA_CUDA_FUSE_NONE;
-    static_assert(!FUSED_OUT || (NB == 1 && NTW == 4), "the fused kernels: 8-row blocks, 128 outputs a warp pair");
+    constexpr int W    = 8 * K;
+    constexpr int ROWS = NB * 8;
+    static_assert(!FUSED || (NB == 1 && NTW == 4), "the fused kernel: 8-row blocks, 128 outputs a warp pair");
     // code_early: a dense op, whose init reads nothing, loads its first
     // tile row of code (which no kernel writes) while the kernel before it
     // (the input transform) still runs, and only then waits for it.
-    const bool early = !FUSED_IN && a.code_early;
+    const bool early = !FUSED && a.code_early;
     if (!early) {
         escha_kernel_begin(); // before init, which reads the ids
     }
     escha_warp_work work;
-    if (!work.init(a, NTW, ROWS, W) || (!FUSED_OUT && work.g.count == 0)) {
+    if (!work.init(a, NTW, ROWS, W) || (!FUSED && work.g.count == 0)) {
         return;
     }
     const escha_lane_bits<K> lb(work.lane);
@@ -750,7 +745,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
     // output columns that are never stored, and no load is predicated.
     const half * xr[NB];
-    if constexpr (FUSED_IN) {
+    if constexpr (FUSED) {
         constexpr int CH = ESCHA_CUDA_FUSED_KT_MAX * 16;
         __shared__ __align__(16) half xs_all[ESCHA_WARPS][ESCHA_CUDA_FUSED_MAX_ROWS * CH];
         half * xs = xs_all[threadIdx.x / ESCHA_LANES];
@@ -884,7 +879,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             put(r1, col + 8, acc[w][nb][3]);
         }
     }
-    if constexpr (FUSED_OUT) {
+    if constexpr (FUSED) {
         // Arrive: this warp's sums are in mid (the fence makes them visible
         // to whichever warp comes last) before its count goes up.
         __threadfence();

@@ -62,29 +62,15 @@ static_assert(escha_cuda_moe_block_rows(4096, 256) == 32 && escha_cuda_moe_block
                   escha_cuda_moe_block_rows(60, 8) == 16 && escha_cuda_moe_block_rows(16384, 256) == 32,
               "twice the average over the experts, rounded up, at most 32");
 
-// How much of an op escha_gemv_kernel does in its one launch (its FUSE):
-// NONE, the multiply only (three launches an op: xh, multiply, output
-// transform); OUT, the multiply and the output transform (two launches: the
-// last warp done with 128 outputs applies it, a last-block-done count);
-// ALL, the input transform too (one launch: each warp computes the xh of
-// its own rows and IC split).
-enum escha_cuda_fuse {
-    ESCHA_CUDA_FUSE_NONE = 0,
-    ESCHA_CUDA_FUSE_OUT = 1,
-    ESCHA_CUDA_FUSE_ALL = 2,
-};
-
-// The one-launch GEMV (ESCHA_CUDA_FUSE_ALL) serves groups of at most this
-// many rows, on the mma path; the plan gives it MoE decode slots (one row a
-// group) only, the shim runs it dense too. Its IC splits are whole
-// 128-blocks, at most ESCHA_CUDA_FUSED_KT_MAX tile rows (the warp's xh is
-// staged in shared memory).
+// The fused GEMV (one launch per op: input transform, multiply and output
+// transform in one kernel, escha_gemv_kernel's FUSED) serves groups of at
+// most this many rows, on the mma path; the plan gives it MoE decode slots
+// (one row a group) only, the shim runs it dense too; GGML_ESCHA_FUSED=0
+// turns it off. Its IC splits are whole 128-blocks, at most
+// ESCHA_CUDA_FUSED_KT_MAX tile rows (the warp's xh is staged in shared
+// memory).
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
-// The two-launch GEMV (ESCHA_CUDA_FUSE_OUT) serves one 8-row block a group:
-// dense ops of at most this many rows. GGML_ESCHA_FUSED=0 (escha.cu) turns
-// both off, GGML_ESCHA_FUSED=out the one-launch kernel only.
-static constexpr int64_t ESCHA_CUDA_FUSED_OUT_MAX_ROWS = 8;
 
 // IC splits of a multiply at most, where a grid of two waves would take
 // more: it then takes one wave.
@@ -106,9 +92,8 @@ static_assert(escha_cuda_ksplit(1056, 68, 320) == 31 && escha_cuda_ksplit(1056, 
               "two waves, one past the split cap, at least 8 tile rows a split, at least one split");
 
 // Tile rows per IC split for about ksplit splits of KT tile rows (the
-// grid's y is then ceil(KT / chunk)); fused (the one-launch kernel,
-// ESCHA_CUDA_FUSE_ALL): up to whole 128-blocks (8 tile rows), and no more
-// than its staging holds.
+// grid's y is then ceil(KT / chunk)); fused: up to whole 128-blocks (8
+// tile rows), and no more than the fused kernel's staging holds.
 static constexpr int escha_cuda_kt_chunk(const int KT, const int ksplit, const bool fused) {
     const int c = (KT + ksplit - 1) / ksplit;
     return !fused ? c : (c + 7) / 8 * 8 < ESCHA_CUDA_FUSED_KT_MAX ? (c + 7) / 8 * 8 : ESCHA_CUDA_FUSED_KT_MAX;
@@ -133,7 +118,7 @@ struct escha_cuda_plan {
     int64_t n_z;     // row groups in the grid
     int64_t z_busy;  // groups that have rows (the grid's useful size)
     int     mblocks; // GROUPED: row blocks per expert
-    int     fuse;    // GEMV: escha_cuda_fuse
+    bool    fused;   // GEMV: the one-launch kernel (ESCHA_CUDA_FUSED_MAX_ROWS)
     bool    code_early; // GEMV, dense: first code loads before the wait for the input transform
 };
 
@@ -154,8 +139,9 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
     // A dense op's weights are never written by a kernel on the device (a
     // host copy of op offload is ordered before the op as a whole), so its
-    // GEMV may load code before the input transform is done (GGML_ESCHA_EARLY=0
-    // turns it off, for measuring).
+    // GEMV may load code before the input transform is done: 0.3-1.0 us an
+    // op on the H200 (docs/PERFORMANCE.md; GGML_ESCHA_EARLY=0 turns it off,
+    // for measuring).
     p.code_early = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_DENSE;
     if (family == ESCHA_CUDA_BLAS) {
         p.rows = (int) n_rows; // one product for all rows, no grid of groups
@@ -175,13 +161,12 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
 // The plan for n_rows op rows (dense rows, or MoE slots of n_tokens
 // tokens). use_mma: the device has tensor cores the kernels use (sm_80+
 // NVIDIA, not forced to SIMT). blas_min_rows: dense ops of at least this
-// many rows take the BLAS path (0: never). fused_max_rows /
-// fused_out_max_rows: groups of at most this many rows take the one-launch
-// / two-launch GEMV (0: never). moe_rows: GROUPED blocks sized for this many
-// rows (0: escha_cuda_moe_block_rows).
+// many rows take the BLAS path (0: never). fused_max_rows: groups of at
+// most this many rows take the fused GEMV (0: never). moe_rows: GROUPED
+// blocks sized for this many rows (0: escha_cuda_moe_block_rows).
 static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
                                                    int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows,
-                                                   int64_t fused_out_max_rows, int64_t moe_rows = 0) {
+                                                   int64_t moe_rows = 0) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t grouped   = moe_rows > 0 ? moe_rows : escha_cuda_moe_block_rows(n_rows, n_expert);
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : grouped);
@@ -189,37 +174,21 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
     const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
     const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > ESCHA_CUDA_GEMV_MAX_ROWS ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
     escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_tokens, n_expert, nt, warps);
-    // Measured on the H200 (docs/PERFORMANCE.md): the one-launch kernel wins
-    // for MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
+    // Measured on the H200 (docs/PERFORMANCE.md): the fused kernel wins for
+    // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
     // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
-    // per-warp xh comes before the decode), so dense ops take the two-launch
-    // kernel, whose xh is computed once by the input transform kernel.
-    const bool gemv = family == ESCHA_CUDA_GEMV && nt % 8 == 0 && mode != ESCHA_CUDA_GROUPED;
-    p.fuse = gemv && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows ? ESCHA_CUDA_FUSE_ALL
-             : gemv && per_group <= fused_out_max_rows && per_group <= ESCHA_CUDA_FUSED_OUT_MAX_ROWS ? ESCHA_CUDA_FUSE_OUT
-                                                                                                     : ESCHA_CUDA_FUSE_NONE;
+    // per-warp xh comes before the decode), so dense ops keep three launches.
+    p.fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
     return p;
 }
-
-// Token generation on the 27B's shapes (1088 output tiles: 17408 outputs):
-// two launches up to 8 rows, then three; a MoE decode slot one launch, or
-// two with the one-launch kernel off.
-static_assert(escha_cuda_make_plan(false, 1, 1, 1, 1088, 4, true, 128, 4, 8).fuse == ESCHA_CUDA_FUSE_OUT &&
-                  escha_cuda_make_plan(false, 8, 8, 1, 320, 4, true, 128, 4, 8).fuse == ESCHA_CUDA_FUSE_OUT &&
-                  escha_cuda_make_plan(false, 9, 9, 1, 1088, 4, true, 128, 4, 8).fuse == ESCHA_CUDA_FUSE_NONE &&
-                  escha_cuda_make_plan(false, 1, 1, 1, 1088, 4, true, 128, 0, 0).fuse == ESCHA_CUDA_FUSE_NONE &&
-                  escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4, 8).fuse == ESCHA_CUDA_FUSE_ALL &&
-                  escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 0, 8).fuse == ESCHA_CUDA_FUSE_OUT &&
-                  escha_cuda_make_plan(false, 1, 1, 1, 1088, 4, false, 128, 4, 8).fuse == ESCHA_CUDA_FUSE_NONE,
-              "the fused GEMV kernels on the mma path only, up to their rows");
 
 // The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
 // 32-row GEMV blocks at 512 and 4096 tokens, a row block list of each
 // expert that covers every token; the tensor-core kernel only when asked.
-static constexpr escha_cuda_plan escha_cuda_plan_35b_512  = escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4, 8);
-static constexpr escha_cuda_plan escha_cuda_plan_35b_4096 = escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4, 8);
+static constexpr escha_cuda_plan escha_cuda_plan_35b_512  = escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4);
+static constexpr escha_cuda_plan escha_cuda_plan_35b_4096 = escha_cuda_make_plan(true, 8 * 4096, 4096, 256, 64, 4, true, 128, 4);
 static_assert(escha_cuda_plan_35b_512.family == ESCHA_CUDA_GEMV && escha_cuda_plan_35b_512.nb == 4 &&
                   escha_cuda_plan_35b_512.mblocks == 16 && escha_cuda_plan_35b_4096.family == ESCHA_CUDA_GEMV &&
                   escha_cuda_plan_35b_4096.nb == 4 && escha_cuda_plan_35b_4096.mblocks == 128 &&
-                  escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4, 8, 100).family == ESCHA_CUDA_MMA,
+                  escha_cuda_make_plan(true, 8 * 512, 512, 256, 64, 4, true, 128, 4, 100).family == ESCHA_CUDA_MMA,
               "MoE prefill blocks sized for the average expert");

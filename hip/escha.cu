@@ -13,9 +13,8 @@
 //        pool (escha_decode_kernel) and multiplied by cuBLAS / hipBLAS
 //        through ggml's handle, f16 x f16 with f32 accumulation
 //   3. escha_out_kernel: y = f16((H128(mid) * RS) * rout_eff) (+ bias)
-// In token generation on the mma path the GEMV also applies the output
-// transform (escha_gemv_kernel's FUSE): dense ops up to 8 rows run in two
-// launches, MoE decode slots in one (the GEMV computes xh as well).
+// MoE decode slots (the plan's fused GEMV, on the
+// mma path) run all three stages in one launch: escha_gemv_kernel's FUSED.
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
 // contract leaves free.
@@ -39,7 +38,6 @@
 #include "escha-plan.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -111,24 +109,18 @@ static void escha_launch_mm(const escha_mm_args & a, const int64_t n_z, const in
     escha_launch(escha_mm_kernel<K, NTW, MT, MMA>, per_sm, a, n_z, z_busy, nsm, stream);
 }
 
-template <int K, int NTW, int NB, int FUSE = ESCHA_CUDA_FUSE_NONE>
+template <int K, int NTW, int NB, bool FUSED = false>
 static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
     static int per_sm = 0;
-    escha_launch(escha_gemv_kernel<K, NTW, NB, FUSE>, per_sm, a, n_z, z_busy, nsm, stream, FUSE == ESCHA_CUDA_FUSE_ALL);
+    escha_launch(escha_gemv_kernel<K, NTW, NB, FUSED>, per_sm, a, n_z, z_busy, nsm, stream, FUSED);
 }
 
-// The fused kernels' row limits, read once: GGML_ESCHA_FUSED=0 turns both
-// off (three launches an op), GGML_ESCHA_FUSED=out the one-launch kernel
-// only (MoE decode slots then take two launches), for measuring them.
-struct escha_fused_limits {
-    int64_t all, out;
-};
-static escha_fused_limits escha_fused_max_rows() {
-    static const escha_fused_limits v = [] {
+// The fused kernel's row limit: ESCHA_CUDA_FUSED_MAX_ROWS, or 0 (off) when
+// GGML_ESCHA_FUSED=0 (for measuring the three-launch path), read once.
+static int64_t escha_fused_max_rows() {
+    static const int64_t v = [] {
         const char * s = getenv("GGML_ESCHA_FUSED");
-        const bool off = s != nullptr && !escha_env_switch(s);
-        const bool out_only = s != nullptr && strcmp(s, "out") == 0;
-        return escha_fused_limits{ off || out_only ? 0 : ESCHA_CUDA_FUSED_MAX_ROWS, off ? 0 : ESCHA_CUDA_FUSED_OUT_MAX_ROWS };
+        return s != nullptr && !escha_env_switch(s) ? 0 : ESCHA_CUDA_FUSED_MAX_ROWS;
     }();
     return v;
 }
@@ -265,30 +257,24 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
-    const escha_fused_limits fl = escha_fused_max_rows();
     escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                                escha_blas_min_rows(), fl.all, fl.out, escha_moe_rows());
+                                                escha_blas_min_rows(), escha_fused_max_rows(), escha_moe_rows());
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP
-    if (plan.fuse != ESCHA_CUDA_FUSE_NONE &&
-        !escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive)) {
-        plan.fuse = ESCHA_CUDA_FUSE_NONE;
+    if (plan.fused) {
+        plan.fused = escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive);
     }
 #endif
-    const bool fused = plan.fuse != ESCHA_CUDA_FUSE_NONE;
 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
-    if (plan.fuse != ESCHA_CUDA_FUSE_ALL) {
+    if (!plan.fused) {
         xh.alloc(n_rows * IC);
-        if (!fused) {
-            mid.alloc(n_rows * OC);
-        }
-        // The BLAS product overwrites mid (beta = 0), the fused kernels' mid
-        // is already 0; the others sum into it.
-        const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS || fused ? 0 : n_rows * OC / 4;
+        mid.alloc(n_rows * OC);
+        // The BLAS product overwrites mid (beta = 0); the others sum into it.
+        const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
         escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
                             rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
     }
@@ -296,8 +282,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     escha_mm_args a = {};
     a.code     = (const uint32_t *) op.code->data;
     a.code_es  = (int64_t) (op.code_nb_e / sizeof(uint32_t));
-    a.xh       = plan.fuse == ESCHA_CUDA_FUSE_ALL ? nullptr : xh.get();
-    a.mid      = fused ? fused_mid : mid.get();
+    a.xh       = plan.fused ? nullptr : xh.get();
+    a.mid      = plan.fused ? fused_mid : mid.get();
     a.rows     = rows;
     a.v        = v;
     a.dst      = (float *) op.dst->data;
@@ -354,20 +340,13 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         } else {
             escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
-    } else if (plan.fuse == ESCHA_CUDA_FUSE_ALL) {
+    } else if (plan.fused) {
         if (K == 2) {
-            escha_launch_gemv<2, 4, 1, ESCHA_CUDA_FUSE_ALL>(a, n_z, z_busy, nsm, stream);
+            escha_launch_gemv<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
         } else {
-            escha_launch_gemv<3, 4, 1, ESCHA_CUDA_FUSE_ALL>(a, n_z, z_busy, nsm, stream);
+            escha_launch_gemv<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);
         }
         return; // the kernel applied the output transform
-    } else if (plan.fuse == ESCHA_CUDA_FUSE_OUT) {
-        if (K == 2) {
-            escha_launch_gemv<2, 4, 1, ESCHA_CUDA_FUSE_OUT>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_gemv<3, 4, 1, ESCHA_CUDA_FUSE_OUT>(a, n_z, z_busy, nsm, stream);
-        }
-        return; // likewise
     } else if (plan.nb == 1) {
         if (K == 2) {
             escha_launch_gemv<2, 4, 1>(a, n_z, z_busy, nsm, stream);

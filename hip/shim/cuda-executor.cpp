@@ -136,14 +136,11 @@ std::vector<T> nan_filled(size_t n) {
 // Kernel family of a path: 0 token generation (escha_gemv_kernel), 1
 // prefill (escha_mm_kernel, 64 rows, mma), 2 SIMT (escha_mm_kernel as HIP
 // runs it), 3 the weight decoded once (escha_decode_kernel) and multiplied
-// by BLAS (dense only), 4 the one-launch token-generation kernel (the
-// GEMV's FUSE ALL: up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, not grouped
-// by expert), 5 the two-launch one (FUSE OUT: the input transform kernel,
-// then the GEMV with the output transform, up to
-// ESCHA_CUDA_FUSED_OUT_MAX_ROWS rows a group, not grouped by expert).
-const int k_family_of_path[6] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV, ESCHA_CUDA_GEMV };
-constexpr int k_path_fused     = 4;
-constexpr int k_path_fused_out = 5;
+// by BLAS (dense only), 4 the fused token-generation kernel (the GEMV's
+// FUSED: one launch, up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, not
+// grouped by expert).
+const int k_family_of_path[5] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV };
+constexpr int k_path_fused = 4;
 
 // What the executor returns for a fused op that left its state (mid, the
 // arrival counts) other than all zero: the next op would start wrong.
@@ -185,8 +182,7 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 #endif
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
-            kernel = p.fuse == ESCHA_CUDA_FUSE_ALL ? escha_gemv_kernel<K, 4, 1, ESCHA_CUDA_FUSE_ALL>
-                     : p.fuse == ESCHA_CUDA_FUSE_OUT ? escha_gemv_kernel<K, 4, 1, ESCHA_CUDA_FUSE_OUT>
+            kernel = p.fused     ? escha_gemv_kernel<K, 4, 1, true>
                      : p.nb == 1 ? escha_gemv_kernel<K, 4, 1>
                      : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
                      : p.nb == 4 ? escha_gemv_kernel<K, 4, 4>
@@ -203,15 +199,13 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
            int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y) {
-    const int fuse = path == k_path_fused ? ESCHA_CUDA_FUSE_ALL : path == k_path_fused_out ? ESCHA_CUDA_FUSE_OUT : ESCHA_CUDA_FUSE_NONE;
-    const bool fused = fuse != ESCHA_CUDA_FUSE_NONE, fused_in = fuse == ESCHA_CUDA_FUSE_ALL;
-    const int64_t fused_rows = fused_in ? ESCHA_CUDA_FUSED_MAX_ROWS : ESCHA_CUDA_FUSED_OUT_MAX_ROWS;
-    if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
-        (fused && (rows_per_group > fused_rows || a.mode == ESCHA_CUDA_GROUPED || a.NT % 8 != 0))) {
+    const bool fused = path == k_path_fused;
+    if (path < 0 || path > 4 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
+        (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED))) {
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
-    plan.fuse = fuse;
+    plan.fused = fused;
     void (*kernel)(escha_mm_args) = nullptr;
     const bool blas = plan.family == ESCHA_CUDA_BLAS;
     if (!blas && !(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
@@ -219,17 +213,16 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     }
     const int IC = a.IC, OC = a.OC;
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
-    // The fused kernels' mid and arrival counts: the state escha.cu keeps
+    // The fused kernel's mid and arrival counts: the state escha.cu keeps
     // between ops, zeroed as it is when allocated; the kernel must leave it
     // so. The other paths' scratch starts NaN.
-    auto xh  = nan_filled<half>(fused_in ? 0 : (size_t) n_rows * IC);
+    auto xh  = nan_filled<half>(fused ? 0 : (size_t) n_rows * IC);
     auto mid = fused ? std::vector<float>((size_t) n_rows * OC, 0.0f) : nan_filled<float>((size_t) n_rows * OC);
     std::vector<unsigned> arrive(fused ? (size_t) plan.n_z * (OC / 128) : 0, 0u);
-    if (!fused_in) {
-        // As escha.cu: mid is zeroed only where the multiply sums into
-        // scratch (the fused kernels' mid is already 0).
+    if (!fused) {
+        // As escha.cu: mid is zeroed only where the multiply sums into it.
         launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas || fused ? 0 : n_rows * OC / 4);
+            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);
         });
     }
     if (blas) {
@@ -238,7 +231,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
         blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
     } else {
-        a.xh      = fused_in ? nullptr : xh.data();
+        a.xh      = fused ? nullptr : xh.data();
         a.mid     = mid.data();
         a.arrive  = arrive.data();
         a.rows    = rows;
@@ -248,7 +241,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         a.mblocks = plan.mblocks;
         a.code_early = plan.code_early;
         ksplit     = std::max(1, std::min(ksplit, a.KT));
-        a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused_in);
+        a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
         ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
         escha_consts_fill(a.dc);
         launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });

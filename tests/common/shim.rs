@@ -292,10 +292,6 @@ pub const BLAS: i32 = 3;
 /// xh and applying the output transform (one launch, up to 4 rows a group,
 /// not grouped by expert), on state that must start and end at zero
 pub const FUSED: i32 = 4;
-/// the two-launch token-generation kernel: the input transform kernel, then
-/// escha_gemv_kernel applying the output transform (up to 8 rows a group,
-/// not grouped by expert), on the same state
-pub const FUSED_OUT: i32 = 5;
 /// What the executor returns when the fused kernel left its state nonzero.
 const FUSED_STATE_LEFT: i32 = -2;
 
@@ -441,22 +437,15 @@ impl CudaShim {
                 for (m, ksplit) in [(1, 1), (1, 3), (2, 2), (3, 1), (4, 5)] {
                     all.push(self.dense_case(&p, m, FUSED, ksplit, 700 + m as u64));
                 }
-                // Two launches: 1-8 rows (a partial 8-row block), one split
-                // or several (any number of tile rows each).
-                for (m, ksplit) in [(1, 1), (1, 3), (5, 2), (8, 1), (8, 5)] {
-                    all.push(self.dense_case(&p, m, FUSED_OUT, ksplit, 750 + m as u64));
-                }
                 let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
                 all.push(self.dense_case(&p, 2, GEMV, 2, 502));
                 all.push(self.dense_case(&p, 2, SIMT, 1, 503));
                 all.push(self.dense_case(&p, 1, FUSED, 2, 504));
-                all.push(self.dense_case(&p, 3, FUSED_OUT, 2, 505));
             }
             // Fused with more tile rows than one split's staging holds (40 > 32).
             let p = dense_problem(13 * k as u64, k, 640, 256, true, true);
             all.push(self.dense_case(&p, 1, FUSED, 1, 801));
             all.push(self.dense_case(&p, 4, FUSED, 3, 804));
-            all.push(self.dense_case(&p, 6, FUSED_OUT, 7, 806));
         }
         summarize(&format!("{} dense", self.name), &all);
     }
@@ -506,8 +495,6 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(6, 5, 2, nx, 4, 2), false, SIMT, 1, 506));
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
                 all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
-                all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED_OUT, 1, 521));
-                all.push(self.moe_case(&d, &route(8, 5, 2, nx, 4, 2), false, FUSED_OUT, 3, 525));
                 // Grouped by expert: GEMV blocks sized for twice the rows an
                 // expert gets on average, at most 32 (16 rows at 9 and 16
                 // tokens, 32 at 40 and 70), an expert that every token picks
@@ -524,7 +511,6 @@ impl CudaShim {
             let d = MoeData::new(70 + k as u64, k, 8, 128, 256, true, true);
             all.push(self.moe_case(&d, &route(71, 5, 3, 3, 8, 8), false, GEMV, 1, 705));
             all.push(self.moe_case(&d, &route(74, 3, 3, 3, 8, 8), false, FUSED, 2, 706));
-            all.push(self.moe_case(&d, &route(77, 3, 3, 3, 8, 8), false, FUSED_OUT, 2, 707));
             all.push(self.moe_case(&d, &route(72, 20, 3, 1, 8, 8), true, PREFILL, 1, 720));
             all.push(self.moe_case(&d, &route(73, 12, 3, 1, 8, 8), true, GEMV, 1, 712));
             // 8- and 16-row blocks (27 and 60 slots over 8 experts), expert 0 taking two.
@@ -541,7 +527,7 @@ impl CudaShim {
     pub fn moe_invalid_id_gives_nan(&self) {
         let d = MoeData::new(90, 2, 4, 128, 128, true, false);
         for (t, grouped, path) in
-            [(9, false, GEMV), (9, false, SIMT), (9, false, FUSED), (9, false, FUSED_OUT), (9, true, GEMV), (33, true, PREFILL), (17, true, SIMT)]
+            [(9, false, GEMV), (9, false, SIMT), (9, false, FUSED), (9, true, GEMV), (33, true, PREFILL), (17, true, SIMT)]
         {
             let mut r = route(91, t, 2, 1, 4, 2);
             r.ids[5] = 4; // token 2, slot 1: one past the last expert
