@@ -116,19 +116,23 @@ static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lan
 // lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
 // 4l..4l+3 into h. The input transform kernel and the fused token-
 // generation kernel's prologue both run exactly this.
-static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
-                                                     const int lane, half h[4]) {
-    int e;
-    bool bad;
-    const float * x = rows.row(r, e, bad);
+// rin_eff of expert e at channels i0..i0+3.
+static __device__ __forceinline__ void escha_rin_eff(const escha_vecs & v, const int64_t e, const int i0, float re[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        re[q] = __half2float(v.rin[e * v.rin_es + i0 + q]);
+        if (v.s_in) {
+            re[q] = __fmul_rn(re[q], v.s_in[e * v.s_in_es + i0 + q]);
+        }
+    }
+}
+
+// xh of one row's 128-block from its x and rin_eff (escha_xh_lane).
+static __device__ __forceinline__ void escha_xh_from(const float * x, const float re[4], const int i0, const int lane, half h[4]) {
     float u[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        float re = __half2float(v.rin[e * v.rin_es + i0 + q]);
-        if (v.s_in) {
-            re = __fmul_rn(re, v.s_in[e * v.s_in_es + i0 + q]);
-        }
-        u[q] = __fmul_rn(x[i0 + q], re); // __fmul_rn: never fused into the adds below
+        u[q] = __fmul_rn(x[i0 + q], re[q]); // __fmul_rn: never fused into the adds below
     }
     escha_h128_lane(u, lane);
 #pragma unroll
@@ -137,27 +141,51 @@ static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, co
     }
 }
 
+static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
+                                                     const int lane, half h[4]) {
+    int e;
+    bool bad;
+    const float * x = rows.row(r, e, bad);
+    float re[4];
+    escha_rin_eff(v, e, i0, re);
+    escha_xh_from(x, re, i0, lane, h);
+}
+
 // xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
 // 128-block each; grid (ceil(IC/512), rows).
 // The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
 // next kernel, which saves a memset node per op.
+// A dense op (no ids: every row is expert 0's) loads its per-channel
+// vectors, which no kernel writes, before it waits for the kernel before it
+// (early: off with GGML_ESCHA_EARLY=0, escha.cu).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
         const escha_rows rows, const escha_vecs v, half * xh, const int64_t n_rows, const int IC,
-        float4 * mid, const int64_t n_mid4) {
+        float4 * mid, const int64_t n_mid4, const bool early) {
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    const int i0   = blk * 128 + lane * 4;
+    const bool pre = early && rows.ids == nullptr && blk * 128 < IC;
+    float re[4] = {};
+    if (pre) {
+        escha_rin_eff(v, 0, i0, re);
+    }
     escha_kernel_begin();
     const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
     for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
         mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    const int lane = threadIdx.x % ESCHA_LANES;
-    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     if (blk * 128 >= IC) {
         return;
     }
-    const int i0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         half h[4];
-        escha_xh_lane(rows, v, r, i0, lane, h);
+        if (pre) {
+            int e;
+            bool bad;
+            escha_xh_from(rows.row(r, e, bad), re, i0, lane, h);
+        } else {
+            escha_xh_lane(rows, v, r, i0, lane, h);
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             xh[r * IC + i0 + q] = h[q];
@@ -170,45 +198,71 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
 // place), dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded
 // again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
 // output transform kernel and the fused kernel's epilogue both run this.
-static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
-                                                      const int o0, const int lane, const int OC, float * dst) {
-    int e;
-    bool bad;
-    rows.row(r, e, bad);
+// rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
+static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        ro[q] = __half2float(v.rout[e * v.rout_es + o0 + q]);
+        if (v.s_out) {
+            ro[q] = __fmul_rn(ro[q], v.s_out[e * v.s_out_es + o0 + q]);
+        }
+        b[q] = v.bias ? v.bias[e * v.bias_es + o0 + q] : 0.0f;
+    }
+}
+
+// Row r's outputs from their sums m and rout_eff / bias (escha_out_lane).
+static __device__ __forceinline__ void escha_out_from(const escha_vecs & v, float m[4], const float ro[4], const float b[4],
+                                                      const bool bad, const int64_t r, const int o0, const int lane, const int OC,
+                                                      float * dst) {
     escha_h128_lane(m, lane);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        float ro = __half2float(v.rout[e * v.rout_es + o0 + q]);
-        if (v.s_out) {
-            ro = __fmul_rn(ro, v.s_out[e * v.s_out_es + o0 + q]);
-        }
-        half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));
+        half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));
         if (v.bias) {
-            y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);
+            y = __float2half_rn(__half2float(y) + b[q]);
         }
         dst[r * OC + o0 + q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(y);
     }
 }
 
+static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                      const int o0, const int lane, const int OC, float * dst) {
+    int e;
+    bool bad;
+    rows.row(r, e, bad);
+    float ro[4], b[4];
+    escha_rout_eff(v, e, o0, ro, b);
+    escha_out_from(v, m, ro, b, bad, r, o0, lane, OC, dst);
+}
+
 // The output transform of every row; block: 4 logical warps, one 128-block
-// each; grid (ceil(OC/512), rows).
+// each; grid (ceil(OC/512), rows). early: as the input transform kernel's.
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
         const escha_rows rows, const escha_vecs v, const float * mid, float * dst,
-        const int64_t n_rows, const int OC) {
-    escha_kernel_begin();
+        const int64_t n_rows, const int OC, const bool early) {
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    const int o0   = blk * 128 + lane * 4;
+    const bool pre = early && rows.ids == nullptr && blk * 128 < OC;
+    float ro[4] = {}, b[4] = {};
+    if (pre) {
+        escha_rout_eff(v, 0, o0, ro, b);
+    }
+    escha_kernel_begin();
     if (blk * 128 >= OC) {
         return;
     }
-    const int o0 = blk * 128 + lane * 4;
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         float m[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             m[q] = mid[r * OC + o0 + q];
         }
-        escha_out_lane(rows, v, m, r, o0, lane, OC, dst);
+        if (pre) {
+            escha_out_from(v, m, ro, b, false, r, o0, lane, OC, dst);
+        } else {
+            escha_out_lane(rows, v, m, r, o0, lane, OC, dst);
+        }
     }
 }
 

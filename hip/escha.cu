@@ -115,13 +115,16 @@ static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const 
     escha_launch(escha_gemv_kernel<K, NTW, NB, FUSED>, per_sm, a, n_z, z_busy, nsm, stream, FUSED);
 }
 
+// Whether the environment variable `name` is set to off ("" or "0").
+static bool escha_env_off(const char * name) {
+    const char * s = getenv(name);
+    return s != nullptr && !escha_env_switch(s);
+}
+
 // The fused kernel's row limit: ESCHA_CUDA_FUSED_MAX_ROWS, or 0 (off) when
 // GGML_ESCHA_FUSED=0 (for measuring the three-launch path), read once.
 static int64_t escha_fused_max_rows() {
-    static const int64_t v = [] {
-        const char * s = getenv("GGML_ESCHA_FUSED");
-        return s != nullptr && !escha_env_switch(s) ? 0 : ESCHA_CUDA_FUSED_MAX_ROWS;
-    }();
+    static const int64_t v = escha_env_off("GGML_ESCHA_FUSED") ? 0 : ESCHA_CUDA_FUSED_MAX_ROWS;
     return v;
 }
 
@@ -267,6 +270,11 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     }
 #endif
 
+    // Dense ops' kernels load what no kernel writes (code, per-channel
+    // vectors) before they wait for the kernel before them;
+    // GGML_ESCHA_EARLY=0 turns that off, for measuring.
+    static const bool early = !escha_env_off("GGML_ESCHA_EARLY");
+
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
@@ -276,7 +284,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         // The BLAS product overwrites mid (beta = 0); the others sum into it.
         const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
         escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
-                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4);
+                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4, early);
     }
 
     escha_mm_args a = {};
@@ -296,8 +304,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     a.n_expert = op.n_expert;
     a.n_x      = (int) plan.n_x;
     a.mode     = plan.mode;
-    static const bool code_late = getenv("GGML_ESCHA_EARLY") != nullptr && !escha_env_switch(getenv("GGML_ESCHA_EARLY"));
-    a.code_early = plan.code_early && !code_late;
+    a.code_early = plan.code_early && early;
 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> src1_unused(ctx.pool());
@@ -376,7 +383,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     }
 
     escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
-                        rows, v, (const float *) mid.get(), (float *) op.dst->data, n_rows, OC);
+                        rows, v, (const float *) mid.get(), (float *) op.dst->data, n_rows, OC, early);
 }
 
 static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {

@@ -141,10 +141,10 @@ CUDA_KERNEL = [
       "        h[q] = __float2half_rn(t);",
       "cuda_shim", "xh converted to f16 by truncation, not rounded to nearest"),
     Mutant("cuda-y-unrounded", "fast", CUH, [
-        ("half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro));",
-         "float y = __fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro);"),
-        ("y = __float2half_rn(__half2float(y) + v.bias[e * v.bias_es + o0 + q]);",
-         "y = y + v.bias[e * v.bias_es + o0 + q];"),
+        ("half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));",
+         "float y = __fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]);"),
+        ("y = __float2half_rn(__half2float(y) + b[q]);",
+         "y = y + b[q];"),
         (": __half2float(y);", ": y;"),
     ], "cuda_shim", "output transform: y (and y + bias) not rounded to f16"),
     Mutant("cuda-cb-trunc", "fast", CUH, [
@@ -345,8 +345,8 @@ MUTANTS += [
       "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
       "device_tbo", "host plan: the grid one IC split short (its tile rows never summed)"),
     M("gpu-pdl-out-early", "gpu", CUH,
-      "        const int64_t n_rows, const int OC) {\n    escha_kernel_begin();\n",
-      "        const int64_t n_rows, const int OC) {\n    escha_pdl_release();\n",
+      "    escha_kernel_begin();\n    if (blk * 128 >= OC) {\n",
+      "    escha_pdl_release();\n    if (blk * 128 >= OC) {\n",
       "device_tbo", "dependent launch: the output transform reads mid without waiting for the multiply to end"),
 ]
 

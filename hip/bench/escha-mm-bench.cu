@@ -142,9 +142,9 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
     a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
     auto op = [&]() {
-        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4);
+        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4, true);
         escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
-        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC);
+        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC, true);
     };
     for (int i = 0; i < 5; i++) op();
     timer t;
@@ -156,8 +156,8 @@ static void run_op(const int IC, const int OC, const int nsm) {
     const float us_mm = t.stop_ms() * 2.0f;
     t.start();
     for (int i = 0; i < 500; i++) {
-        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4);
-        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC);
+        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4, true);
+        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC, true);
     }
     const float us_tr = t.stop_ms() * 2.0f;
     CUDA_CHECK(cudaGetLastError());

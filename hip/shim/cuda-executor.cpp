@@ -222,7 +222,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     if (!fused) {
         // As escha.cu: mid is zeroed only where the multiply sums into it.
         launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4);
+            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, true);
         });
     }
     if (blas) {
@@ -252,7 +252,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         return clean ? 0 : k_fused_state_left;
     }
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC);
+        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, true);
     });
     return 0;
 }
@@ -339,7 +339,7 @@ int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * r
     v.rin  = (const half *) rin;
     v.s_in = s_in;
     launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
-        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0);
+        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0, true);
     });
     return 0;
 }
@@ -358,7 +358,7 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
     v.s_out = s_out;
     v.bias  = bias;
     launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid, y, m, (int) oc);
+        escha_out_kernel(rows, v, mid, y, m, (int) oc, true);
     });
     return 0;
 }
