@@ -55,6 +55,7 @@
 #            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
 #   pdl      the same with programmatic dependent launch and with
 #            GGML_CUDA_PDL=0
+#   early    the same with dense ops' early loads and with GGML_ESCHA_EARLY=0
 #   batched  llama-batched-bench at 1, 4, 16, 32 sequences, every model
 #            present (device-build.sh llama-batched-bench)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
@@ -467,6 +468,11 @@ for step in "$@"; do
         # Programmatic dependent launch (escha's kernels and upstream's):
         # with it and with GGML_CUDA_PDL=0.
         bench_on_off pdl GGML_CUDA_PDL=0 ;;
+    early)
+        # Dense ops' loads of what no kernel writes (code, per-channel
+        # vectors) before the wait for the kernel before them: with them and
+        # with GGML_ESCHA_EARLY=0.
+        bench_on_off early GGML_ESCHA_EARLY=0 ;;
     batched)
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"
