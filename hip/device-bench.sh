@@ -38,9 +38,10 @@
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
 #   perf     test-backend-ops perf: escha ops (shipped plan, dependent
-#            launch off, fused kernel off, BLAS path off, BLAS path always)
+#            launch off, fused kernel off, early weight loads off, BLAS path
+#            off, BLAS path always; PERF_VARIANTS="tag:ENV=1 ..." picks some)
 #            and MUL_MAT with Q4_K, Q2_K, IQ2_XXS and F16 weights of the
-#            same shapes
+#            same shapes (PERF_QUANTS=0 skips them)
 #   gen      shape-exact synthetic 27B (dense) and 35B-A3B (MoE) escha
 #            GGUFs with DENSE_LAYERS / MOE_LAYERS layers (needs no build: run
 #            it in the background while building; 64 dense layers is the
@@ -263,10 +264,16 @@ for step in "$@"; do
                 runs+=("$!:$op:$path")
             done
         done
+        # Every run ends before any verdict, so none is left on the GPU.
+        bad=
+        for r in "${runs[@]}"; do
+            IFS=: read -r pid op path <<<"$r"
+            wait "$pid" || bad="$bad $op:$path"
+        done
         for r in "${runs[@]}"; do
             IFS=: read -r pid op path <<<"$r"
             log=$out/parity-$path-$op.log want=$(cases_of $op)
-            wait "$pid" || die "$op $path: test-backend-ops exited with an error ($log)"
+            [[ " $bad " == *" $op:$path "* ]] && die "$op $path: test-backend-ops exited with an error ($log)"
             grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
             echo "$op $path: $want/$want tests passed"
         done ;;
@@ -347,8 +354,8 @@ for step in "$@"; do
         [ $survived -eq 0 ] || die "mutants: $survived of $n survived or did not build" ;;
     perf)
         # The shipped plan, then dependent launches off (GGML_CUDA_PDL=0),
-        # the fused token-generation kernel off (three launches an op), the
-        # dense GEMV's first code loads after the wait (GGML_ESCHA_EARLY=0), the dense BLAS
+        # the fused token-generation kernel off (three launches an op), dense
+        # ops' weight loads after the wait (GGML_ESCHA_EARLY=0), the dense BLAS
         # path forced off and on (the crossover of ESCHA_CUDA_BLAS_MIN_ROWS)
         # (PERF_VARIANTS picks some), then llama.cpp's quants and f16
         # (cuBLAS) at the same shapes (PERF_QUANTS=0 skips them).

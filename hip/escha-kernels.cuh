@@ -21,11 +21,12 @@
 // kernel the way the pinned ggml-cuda launches its own (ggml_cuda_kernel_launch;
 // GGML_CUDA_PDL=0 turns it off), so that its blocks are resident and waiting
 // when the kernel before it ends instead of being launched then. Each kernel
-// calls escha_pdl_wait() first, before it reads or writes anything but its
-// parameters: the kernel before it (its xh, mid, ids, or a pool buffer that
-// this op's scratch reuses) is then complete and visible; and then lets the
-// next kernel launch (escha_pdl_release(): that one waits for all of this one
-// in turn). What a kernel reads or writes after the wait is not passed
+// calls escha_pdl_wait() before it writes anything or reads anything a
+// kernel may write: the kernel before it (its xh, mid, ids, or a pool buffer
+// that this op's scratch reuses) is then complete and visible; and then lets
+// the next kernel launch (escha_pdl_release(): that one waits for all of
+// this one in turn). Only a dense op's weights (code and per-channel
+// vectors, which escha.cu checks are graph leaves) are read before the wait. What a kernel reads or writes after the wait is not passed
 // __restrict__ (nvcc may hoist such a load above the wait; and a kernel's
 // parameter types must not differ between nvcc's host and device passes,
 // which GGML_CUDA_RESTRICT's would); only the code words, which no kernel
@@ -112,10 +113,6 @@ static __device__ __forceinline__ void escha_h128_lane(float v[4], const int lan
     }
 }
 
-// One warp's share of the input transform: row r's 128-block at i0 - 4 *
-// lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
-// 4l..4l+3 into h. The input transform kernel and the fused token-
-// generation kernel's prologue both run exactly this.
 // rin_eff of expert e at channels i0..i0+3.
 static __device__ __forceinline__ void escha_rin_eff(const escha_vecs & v, const int64_t e, const int i0, float re[4]) {
 #pragma unroll
@@ -141,6 +138,11 @@ static __device__ __forceinline__ void escha_xh_from(const float * x, const floa
     }
 }
 
+// One warp's share of the input transform: row r's 128-block at i0 - 4 *
+// lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
+// 4l..4l+3 into h. The input transform kernel and the fused token-
+// generation kernel's prologue both run exactly this (the kernel's dense
+// rows with rin_eff loaded before its wait).
 static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
                                                      const int lane, half h[4]) {
     int e;
@@ -193,11 +195,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
     }
 }
 
-// One warp's share of the output transform: row r's 128 outputs at o0 - 4
-// * lane from their sums m (lane l's outputs 4l..4l+3, transformed in
-// place), dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded
-// again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
-// output transform kernel and the fused kernel's epilogue both run this.
 // rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
 static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
 #pragma unroll
@@ -225,6 +222,12 @@ static __device__ __forceinline__ void escha_out_from(const escha_vecs & v, floa
     }
 }
 
+// One warp's share of the output transform: row r's 128 outputs at o0 - 4
+// * lane from their sums m (lane l's outputs 4l..4l+3, transformed in
+// place), dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded
+// again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
+// output transform kernel and the fused kernel's epilogue both run this
+// (the kernel's dense rows with rout_eff and bias loaded before its wait).
 static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
                                                       const int o0, const int lane, const int OC, float * dst) {
     int e;

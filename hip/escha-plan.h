@@ -137,10 +137,11 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
     // GEMV: 4 tile columns per warp, 2 at 64 rows (its accumulators).
     p.ntw = family == ESCHA_CUDA_GEMV ? (p.nb == 8 ? 2 : 4) : 2;
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
-    // A dense op's weights are never written by a kernel on the device (a
+    // A dense op's weights are not written by a kernel on the device (a
     // host copy of op offload is ordered before the op as a whole), so its
-    // GEMV may load code before the input transform is done: 0.3-1.0 us an
-    // op on the H200 (docs/PERFORMANCE.md; GGML_ESCHA_EARLY=0 turns it off,
+    // GEMV may load code before the input transform is done: 0.6-0.8 us an
+    // op at one row on the H200 (docs/PERFORMANCE.md; escha.cu also checks
+    // that the weights are graph leaves; GGML_ESCHA_EARLY=0 turns it off,
     // for measuring).
     p.code_early = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_DENSE;
     if (family == ESCHA_CUDA_BLAS) {

@@ -218,6 +218,15 @@ static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
 }
 
+// Whether no kernel of the graph can have written t (absent, or a leaf that
+// is not a view: model weights are): what a kernel may read before it waits
+// for the kernel before it. A graph that copied into such a leaf in an
+// earlier node (ggml_cpy into a weight) would race with these reads; weights
+// are written once, when a model loads, by copies from the host.
+static bool escha_is_weight(const ggml_tensor * t) {
+    return t == nullptr || (t->op == GGML_OP_NONE && t->view_src == nullptr);
+}
+
 // Runs the three stages of a parsed op by its plan (escha-plan.h).
 static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) {
     const int K  = op.k;
@@ -270,10 +279,15 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     }
 #endif
 
-    // Dense ops' kernels load what no kernel writes (code, per-channel
-    // vectors) before they wait for the kernel before them;
-    // GGML_ESCHA_EARLY=0 turns that off, for measuring.
-    static const bool early = !escha_env_off("GGML_ESCHA_EARLY");
+    // Dense ops' kernels load their weights (code, per-channel vectors)
+    // before they wait for the kernel before them, when no kernel can have
+    // written those (escha_is_weight); GGML_ESCHA_EARLY=0 turns that off,
+    // for measuring.
+    static const bool early_allowed = !escha_env_off("GGML_ESCHA_EARLY");
+    bool early = early_allowed && !op.moe && escha_is_weight(op.code);
+    for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
+        early = early && escha_is_weight(op.vec[i].t);
+    }
 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());

@@ -141,6 +141,7 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.code = (const uint32_t *) d_code; a.xh = d_xh; a.mid = d_mid;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
     a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
+    a.code_early = true; // as escha.cu runs a dense op
     auto op = [&]() {
         escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4, true);
         escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
