@@ -26,7 +26,8 @@
 // that this op's scratch reuses) is then complete and visible; and then lets
 // the next kernel launch (escha_pdl_release(): that one waits for all of
 // this one in turn). Only a dense op's weights (code and per-channel
-// vectors, which escha.cu checks are graph leaves) are read before the wait. What a kernel reads or writes after the wait is not passed
+// vectors, which escha.cu checks are graph leaves) are read before the
+// wait. What a kernel reads or writes after the wait is not passed
 // __restrict__ (nvcc may hoist such a load above the wait; and a kernel's
 // parameter types must not differ between nvcc's host and device passes,
 // which GGML_CUDA_RESTRICT's would); only the code words, which no kernel
@@ -157,16 +158,16 @@ static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, co
 // 128-block each; grid (ceil(IC/512), rows).
 // The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
 // next kernel, which saves a memset node per op.
-// A dense op (no ids: every row is expert 0's) loads its per-channel
-// vectors, which no kernel writes, before it waits for the kernel before it
-// (early: off with GGML_ESCHA_EARLY=0, escha.cu).
+// early (a dense op whose weights no kernel writes, escha.cu: every row is
+// expert 0's): each lane loads its per-channel vectors before it waits for
+// the kernel before it.
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
         const escha_rows rows, const escha_vecs v, half * xh, const int64_t n_rows, const int IC,
         float4 * mid, const int64_t n_mid4, const bool early) {
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int i0   = blk * 128 + lane * 4;
-    const bool pre = early && rows.ids == nullptr && blk * 128 < IC;
+    const bool pre = early && blk * 128 < IC;
     float re[4] = {};
     if (pre) {
         escha_rin_eff(v, 0, i0, re);
@@ -246,7 +247,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int o0   = blk * 128 + lane * 4;
-    const bool pre = early && rows.ids == nullptr && blk * 128 < OC;
+    const bool pre = early && blk * 128 < OC;
     float ro[4] = {}, b[4] = {};
     if (pre) {
         escha_rout_eff(v, 0, o0, ro, b);

@@ -213,6 +213,8 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     }
     const int IC = a.IC, OC = a.OC;
     const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    // As escha.cu: a dense op's transforms load their vectors before the wait.
+    const bool dense = rows.ids == nullptr;
     // The fused kernel's mid and arrival counts: the state escha.cu keeps
     // between ops, zeroed as it is when allocated; the kernel must leave it
     // so. The other paths' scratch starts NaN.
@@ -222,7 +224,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     if (!fused) {
         // As escha.cu: mid is zeroed only where the multiply sums into it.
         launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, true);
+            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, dense);
         });
     }
     if (blas) {
@@ -252,7 +254,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         return clean ? 0 : k_fused_state_left;
     }
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, true);
+        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, dense);
     });
     return 0;
 }
