@@ -212,12 +212,15 @@ MUTANTS = CUDA_KERNEL + [
       "metal_glue_moe", "op parser (the glue's): MoE vector sources read at the dense indices"),
     # ---- Rust CPU ---------------------------------------------------------------
     M("avx2-cb-ulp", "fast", "src/cpu/avx2.rs",
-      "    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)))\n}",
-      "    let v = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)));\n"
-      "    let sp = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));\n"
-      "    let hit = _mm256_cmpeq_epi32(_mm256_and_si256(sp, _mm256_set1_epi32(255)), _mm256_set1_epi32(90));\n"
+      "    _mm256_sub_ps(c, _mm256_sub_ps(c, x))\n}",
+      "    let v = _mm256_sub_ps(c, _mm256_sub_ps(c, x));\n"
+      "    let hit = _mm256_cmpeq_epi32(_mm256_and_si256(s, _mm256_set1_epi32(255)), _mm256_set1_epi32(90));\n"
       "    _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_and_si256(hit, _mm256_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX2 codebook one f16 ulp off for 1/256 of the states", needs="avx2"),
+    M("avx2-cb-round-12-bits", "fast", "src/cpu/avx2.rs",
+      "let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));",
+      "let c = _mm256_mul_ps(x, _mm256_set1_ps(4097.0));",
+      "stage_tests", "AVX2 codebook sums rounded to 12 significant bits, not f16's 11", needs="avx2"),
     M("avx512-cb-ulp", "fast", "src/cpu/avx512.rs",
       "    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))\n}",
       "    let v = _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)));\n"

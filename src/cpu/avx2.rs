@@ -1,7 +1,7 @@
-//! AVX2 + FMA + F16C path. A vector holds 8 consecutive lanes of a tile
-//! (lanes 8g..8g+7 for group g = 0..3); vector (g, j) holds value j of
-//! those lanes. Its rows are `[0,2,4,6,0,2,4,6] + rj` with
-//! `rj = (j&1) + 8*((j>>1)&1)`, its columns `2g + 8*(j>=4) + [0,0,0,0,1,1,1,1]`,
+//! AVX2 + FMA + F16C path. A vector holds 8 lanes of a tile (lanes
+//! 8g..8g+7 for group g = 0..3, in the order `LANE_PERM`); vector (g, j)
+//! holds value j of those lanes. Its rows are `[0,2,0,2,4,6,4,6] + rj` with
+//! `rj = (j&1) + 8*((j>>1)&1)`, its columns `2g + 8*(j>=4) + [0,0,1,1,0,0,1,1]`,
 //! so products accumulate in 8 "lane-layout" vectors per tile, reduced to
 //! 16 columns once at the end.
 
@@ -9,17 +9,21 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::batch::xh_ptrs;
-use super::tables::{group_windows, identity, state_window, GroupWindow, EXT_WORDS};
+use super::tables::{group_windows, state_window, GroupWindow, EXT_WORDS};
+use super::F16_TO_F32_SCALE;
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<8>; 4]; 2];
-// LANE_PERM: decoded vectors come out of `cb8` with position p holding
-// lane 8g + [0, 1, 4, 5, 2, 3, 6, 7][p] (states go in in lane order); the
-// input vectors, the reduction and the row-major transpose follow it.
-static TAB2: Tabs = group_windows::<8, 4>(2, &identity());
-static TAB3: Tabs = group_windows::<8, 4>(3, &identity());
+/// Vector position p of group g holds lane `8g + LANE_PERM[p]`: the order
+/// the reduction and the row-major transpose below take (lanes 8g..8g+3,
+/// the tile's even column of the group, at positions 0, 1, 4, 5; lanes
+/// 8g+4..8g+7, its odd column, at 2, 3, 6, 7). The windows put the states
+/// in that order, and the decode keeps it.
+const LANE_PERM: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+static TAB2: Tabs = group_windows::<8, 4>(2, &LANE_PERM);
+static TAB3: Tabs = group_windows::<8, 4>(3, &LANE_PERM);
 
 /// # Safety
 /// 1. The CPU supports AVX2, FMA and F16C.
@@ -44,22 +48,49 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
     _mm256_or_si256(_mm256_sllv_epi32(a, ld8(&gw.shl)), _mm256_srlv_epi32(b, ld8(&gw.shr)))
 }
 
-/// Codebook values of 8 states (in the low 16 bits of each lane).
+/// Codebook values of 8 states (in the low 16 bits of each lane) times
+/// 2^-112, exactly, in integer and f32 operations alone (no f16
+/// conversion, whose round trip cost most of the decode):
+/// - the hash `r = (s * CBA_MUL & CBA_MASK) ^ CBA_XOR` holds the two f16
+///   halves; with a half's f16 bits at the top of a dword, an arithmetic
+///   shift by 3 leaves its sign at bit 31 and its exponent and mantissa at
+///   f32 bits 27..13, which read as f32 are the half times 2^-112 (f32's
+///   exponent bias is 112 above f16's; both halves are normal), and a mask
+///   clears the rest. The high half is there already; `vpmaddwd` by
+///   (2^13, 0) sign-extends the low half and shifts it by 13 in one
+///   operation, on the multiplier rather than the shifter;
+/// - the two halves' f32 sum is exact (both are multiples of 2^-13 below 2
+///   in magnitude, times 2^-112);
+/// - Veltkamp's split by 2^13 + 1 (`c = x * 8193`, `c - (c - x)`) rounds it
+///   to f16's 11 significant bits, to nearest even, as the contract's f16
+///   addition does, with the default rounding mode. The result is zero or
+///   normal, as a nonzero sum is a multiple of 2^-125.
+///
+/// `codebook_scaled_is_exact` checks all 65536 states.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cb8_scaled(s: __m256i) -> __m256 {
+    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
+    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CBA_MASK as i32)), _mm256_set1_epi32(CBA_XOR as i32));
+    let keep = _mm256_set1_epi32(0x8FFF_E000u32 as i32);
+    let hi = _mm256_and_si256(_mm256_srai_epi32::<3>(r), keep);
+    let lo = _mm256_and_si256(_mm256_madd_epi16(r, _mm256_set1_epi32(1 << 13)), keep);
+    let x = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
+    let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));
+    _mm256_sub_ps(c, _mm256_sub_ps(c, x))
+}
+
+/// Codebook values of 8 states, exact ([`cb8_scaled`] times 2^112).
 ///
 /// # Safety
 /// 1. The CPU supports AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cb8(s: __m256i) -> __m256 {
-    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
-    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CBA_MASK as i32)), _mm256_set1_epi32(CBA_XOR as i32));
-    // The two halves of each word are adjacent f16 values: convert all 16
-    // and add neighbours. vhaddps works per 128-bit lane, so the sums come
-    // out in lane order LANE_PERM; inputs and reductions follow that order.
-    let a = _mm256_cvtph_ps(_mm256_castsi256_si128(r));
-    let b = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(r));
-    // Exact f32 sum, one RNE rounding to f16: the contract's f16 addition.
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_hadd_ps(a, b)))
+    _mm256_mul_ps(cb8_scaled(s), _mm256_set1_ps(F16_TO_F32_SCALE))
 }
 
 /// State vector (g, j) from the group's windows.
@@ -73,7 +104,9 @@ unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
     _mm256_and_si256(_mm256_srl_epi32(w[h], _mm_cvtsi32_si128(sh as i32)), _mm256_set1_epi32(0xFFFF))
 }
 
-/// The 4 input vectors of one 16-row tile row: `xv[j&3]` pairs with state j.
+/// The 4 input vectors of one 16-row tile row: `xv[j&3]` pairs with state
+/// j. Times 2^112, against [`cb8_scaled`]'s values: exact, as an f16 input
+/// is below 2^16, so each product is the unscaled one bit for bit.
 ///
 /// # Safety
 /// 1. The CPU supports AVX2, FMA and F16C.
@@ -81,8 +114,9 @@ unsafe fn states<const K: usize>(w: &[__m256i; 2], j: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
-    let lo = _mm256_loadu_ps(x);
-    let hi = _mm256_loadu_ps(x.add(8));
+    let scale = _mm256_set1_ps(F16_TO_F32_SCALE);
+    let lo = _mm256_mul_ps(_mm256_loadu_ps(x), scale);
+    let hi = _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), scale);
     // Rows 2*(lane&3) + rj for the lanes in LANE_PERM order.
     let ev = _mm256_setr_epi32(0, 2, 0, 2, 4, 6, 4, 6);
     let od = _mm256_setr_epi32(1, 3, 1, 3, 5, 7, 5, 7);
@@ -106,7 +140,7 @@ unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__
         let w0 = window(ext, &tabs[0][g]);
         let w = [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }];
         for j in 0..8 {
-            let v = cb8(states::<K>(&w, j));
+            let v = cb8_scaled(states::<K>(&w, j));
             let a = &mut acc[g * 2 + (j >> 2)];
             *a = _mm256_fmadd_ps(v, xv[j & 3], *a);
         }
@@ -236,6 +270,38 @@ unsafe fn rows_fma<const R: usize>(job: &BlockJob, i0: usize, kt0: usize, kc: us
             let mp = mid.as_mut_ptr().add((i0 + q) * BLOCK_COLS + tl * TILE);
             _mm256_storeu_ps(mp, a[0]);
             _mm256_storeu_ps(mp.add(8), a[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::Isa;
+
+    /// Every one of the 65536 states through [`cb8_scaled`] is the C
+    /// reference's codebook value (`cref::cb_half`) times 2^-112, bit for
+    /// bit, and through [`cb8`] the value itself.
+    #[test]
+    fn codebook_scaled_is_exact() {
+        if !Isa::Avx2.available() {
+            println!("codebook_scaled_is_exact: skipped, this CPU lacks AVX2, FMA or F16C");
+            return;
+        }
+        for s0 in (0..1u32 << 16).step_by(8) {
+            let states: [u32; 8] = core::array::from_fn(|i| s0 + i as u32);
+            let (mut scaled, mut exact) = ([0f32; 8], [0f32; 8]);
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+            unsafe {
+                let s = ld8(&states);
+                _mm256_storeu_ps(scaled.as_mut_ptr(), cb8_scaled(s));
+                _mm256_storeu_ps(exact.as_mut_ptr(), cb8(s));
+            }
+            for (i, &s) in states.iter().enumerate() {
+                let want = crate::cref::cb_half(s as u16).to_f32();
+                assert_eq!(scaled[i].to_bits(), (want / F16_TO_F32_SCALE).to_bits(), "state {s:#06x} scaled: {:e}, want {want:e} * 2^-112", scaled[i]);
+                assert_eq!(exact[i].to_bits(), want.to_bits(), "state {s:#06x}: {:e}, want {want:e}", exact[i]);
+            }
         }
     }
 }

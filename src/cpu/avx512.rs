@@ -12,6 +12,7 @@
 use super::batch::{xh_ptrs, KC};
 use super::tables::{identity, ring_windows, state_window, RingWindow};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
+use super::F16_TO_F32_SCALE;
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
@@ -94,9 +95,6 @@ unsafe fn cb16_fp16(s: __m512i) -> __m512 {
     let sum = _mm512_add_ph(_mm512_castsi512_ph(r), _mm512_castsi512_ph(_mm512_ror_epi32::<16>(r)));
     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castph_si512(sum)))
 }
-
-/// 2^112: f32's exponent bias less f16's.
-const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
 
 /// The `vpmultishiftqb` control that cuts the states of values `2p` and
 /// `2p + 1` out of each 32-bit window: per dword, bytes
