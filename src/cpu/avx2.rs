@@ -48,17 +48,26 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
     _mm256_or_si256(_mm256_sllv_epi32(a, ld8(&gw.shl)), _mm256_srlv_epi32(b, ld8(&gw.shr)))
 }
 
+/// A hash half's mask and xor (`CBA_MASK`, `CBA_XOR`) where its sign,
+/// exponent and mantissa land as an f32's (`cb8_scaled`): sign at bit 31,
+/// the other bits 13 up. Applied after the move, they need no masked copy
+/// of the hash.
+const HALF_MASK_F32: u32 = ((CBA_MASK & 0x8000) << 16) | ((CBA_MASK & 0x7FFF) << 13);
+const HALF_XOR_F32: u32 = ((CBA_XOR & 0x8000) << 16) | ((CBA_XOR & 0x7FFF) << 13);
+const _: () = assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF, "both halves take the same mask and xor");
+
 /// Codebook values of 8 states (in the low 16 bits of each lane) times
 /// 2^-112, exactly, in integer and f32 operations alone (no f16
 /// conversion, whose round trip cost most of the decode):
-/// - the hash `r = (s * CBA_MUL & CBA_MASK) ^ CBA_XOR` holds the two f16
-///   halves; with a half's f16 bits at the top of a dword, an arithmetic
-///   shift by 3 leaves its sign at bit 31 and its exponent and mantissa at
-///   f32 bits 27..13, which read as f32 are the half times 2^-112 (f32's
-///   exponent bias is 112 above f16's; both halves are normal), and a mask
-///   clears the rest. The high half is there already; `vpmaddwd` by
-///   (2^13, 0) sign-extends the low half and shifts it by 13 in one
-///   operation, on the multiplier rather than the shifter;
+/// - the hash `(s * CBA_MUL & CBA_MASK) ^ CBA_XOR` holds the two f16
+///   halves; with a half's bits at the top of a dword, an arithmetic shift
+///   by 3 leaves its sign at bit 31 and its exponent and mantissa at f32
+///   bits 27..13, which read as f32 are the half times 2^-112 (f32's
+///   exponent bias is 112 above f16's; both halves are normal). The high
+///   half is there already; `vpmaddwd` by (2^13, 0) sign-extends the low
+///   half and shifts it by 13 in one operation, on the multiplier rather
+///   than the shifter. The mask and xor then follow the bits' move
+///   (`HALF_MASK_F32`, which also clears what the shift brought in);
 /// - the two halves' f32 sum is exact (both are multiples of 2^-13 below 2
 ///   in magnitude, times 2^-112);
 /// - Veltkamp's split by 2^13 + 1 (`c = x * 8193`, `c - (c - x)`) rounds it
@@ -73,11 +82,10 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cb8_scaled(s: __m256i) -> __m256 {
-    let r = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
-    let r = _mm256_xor_si256(_mm256_and_si256(r, _mm256_set1_epi32(CBA_MASK as i32)), _mm256_set1_epi32(CBA_XOR as i32));
-    let keep = _mm256_set1_epi32(0x8FFF_E000u32 as i32);
-    let hi = _mm256_and_si256(_mm256_srai_epi32::<3>(r), keep);
-    let lo = _mm256_and_si256(_mm256_madd_epi16(r, _mm256_set1_epi32(1 << 13)), keep);
+    let h = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
+    let (m, x) = (_mm256_set1_epi32(HALF_MASK_F32 as i32), _mm256_set1_epi32(HALF_XOR_F32 as i32));
+    let hi = _mm256_xor_si256(_mm256_and_si256(_mm256_srai_epi32::<3>(h), m), x);
+    let lo = _mm256_xor_si256(_mm256_and_si256(_mm256_madd_epi16(h, _mm256_set1_epi32(1 << 13)), m), x);
     let x = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
     let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));
     _mm256_sub_ps(c, _mm256_sub_ps(c, x))
@@ -177,14 +185,25 @@ unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
     let mut acc = [[_mm256_setzero_ps(); 8]; BLOCK_TILES];
-    let mut ext = [0u32; EXT_WORDS];
+    // Each tile's words are copied one tile ahead of their use: a window
+    // load that reads a copy still in the store queue cannot be forwarded
+    // from the several stores that made it, and stalls.
+    let mut ext = [[0u32; EXT_WORDS]; 2];
+    let nt0 = job.block * BLOCK_TILES;
+    job.load_ext::<K>(0, nt0, &mut ext[0]);
     for kt in 0..job.kt_n() {
         job.prefetch_tile_row(kt + PREFETCH_ROWS);
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
         for (tl, a) in acc.iter_mut().enumerate() {
-            job.load_ext::<K>(kt, job.block * BLOCK_TILES + tl, &mut ext);
-            tile_fma::<K>(&ext, tabs, &xv, a);
+            let [e0, e1] = &mut ext;
+            let (cur, next) = if tl % 2 == 0 { (&*e0, e1) } else { (&*e1, e0) };
+            if tl + 1 < BLOCK_TILES {
+                job.load_ext::<K>(kt, nt0 + tl + 1, next);
+            } else if kt + 1 < job.kt_n() {
+                job.load_ext::<K>(kt + 1, nt0, next);
+            }
+            tile_fma::<K>(cur, tabs, &xv, a);
         }
     }
     for (tl, a) in acc.iter().enumerate() {
