@@ -221,6 +221,9 @@ MUTANTS = CUDA_KERNEL + [
       "let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));",
       "let c = _mm256_mul_ps(x, _mm256_set1_ps(4097.0));",
       "stage_tests", "AVX2 codebook sums rounded to 12 significant bits, not f16's 11", needs="avx2"),
+    M("avx2-gemv-ext-ahead", "fast", "src/cpu/avx2.rs",
+      "job.load_ext::<K>(kt, nt0 + tl + 1, next);", "job.load_ext::<K>(kt, nt0 + tl, next);",
+      "stage_tests", "AVX2 GEMV: the copy one tile ahead takes the current tile again", needs="avx2"),
     M("avx512-cb-ulp", "fast", "src/cpu/avx512.rs",
       "    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))\n}",
       "    let v = _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)));\n"
