@@ -224,6 +224,9 @@ MUTANTS = CUDA_KERNEL + [
     M("avx2-gemv-ext-ahead", "fast", "src/cpu/avx2.rs",
       "job.load_ext::<K>(kt, nt0 + tl + 1, next);", "job.load_ext::<K>(kt, nt0 + tl, next);",
       "stage_tests", "AVX2 GEMV: the copy one tile ahead takes the current tile again", needs="avx2"),
+    M("avx2-gemv-rows-mid", "fast", "src/cpu/avx2.rs",
+      "reduce(ar, &mut mid[r * BLOCK_COLS + tl * TILE..][..TILE]);", "reduce(ar, &mut mid[tl * TILE..][..TILE]);",
+      "stage_tests", "AVX2 GEMV of several rows: every row summed into the first row's outputs", needs="avx2"),
     M("avx512-cb-ulp", "fast", "src/cpu/avx512.rs",
       "    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)))\n}",
       "    let v = _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_add_ps(lo, hi)));\n"

@@ -136,21 +136,24 @@ unsafe fn xvecs(x: *const f32) -> [__m256; 4] {
     ]
 }
 
-/// Decodes one tile and accumulates it against one row's input vectors.
+/// Decodes one tile and accumulates it against `R` rows' input vectors
+/// (each decoded vector serves every row).
 ///
 /// # Safety
 /// 1. The CPU supports AVX2, FMA and F16C.
 /// 2. Every window of `tabs` lies inside `ext` (true of `TAB2` and `TAB3`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_fma<const K: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[__m256; 4], acc: &mut [__m256; 8]) {
+unsafe fn tile_fma<const K: usize, const R: usize>(ext: &[u32; EXT_WORDS], tabs: &Tabs, xv: &[[__m256; 4]; R], acc: &mut [[__m256; 8]; R]) {
     for g in 0..4 {
         let w0 = window(ext, &tabs[0][g]);
         let w = [w0, if K == 3 { window(ext, &tabs[1][g]) } else { w0 }];
         for j in 0..8 {
             let v = cb8_scaled(states::<K>(&w, j));
-            let a = &mut acc[g * 2 + (j >> 2)];
-            *a = _mm256_fmadd_ps(v, xv[j & 3], *a);
+            for r in 0..R {
+                let a = &mut acc[r][g * 2 + (j >> 2)];
+                *a = _mm256_fmadd_ps(v, xv[r][j & 3], *a);
+            }
         }
     }
 }
@@ -183,8 +186,26 @@ unsafe fn reduce(acc: &[__m256; 8], mid: &mut [f32]) {
 /// 2. `job` is consistent (checked by `Kernel::block_mid`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
+    // SAFETY: gemv_rows' 1. and 2. are ours; 3. holds in every arm.
+    match job.rows.len() {
+        1 => gemv_rows::<K, 1>(job, mid),
+        2 => gemv_rows::<K, 2>(job, mid),
+        _ => gemv_rows::<K, 3>(job, mid),
+    }
+}
+
+/// `mid [R, 128]` of the rows `job.rows`: every tile decoded once, in
+/// registers, and applied to each row.
+///
+/// # Safety
+/// 1. The CPU supports AVX2, FMA and F16C.
+/// 2. `job` is consistent (checked by `Kernel::block_mid`).
+/// 3. `job.rows.len() == R`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemv_rows<const K: usize, const R: usize>(job: &BlockJob, mid: &mut [f32]) {
+    debug_assert_eq!(job.rows.len(), R);
     let tabs = if K == 2 { &TAB2 } else { &TAB3 };
-    let mut acc = [[_mm256_setzero_ps(); 8]; BLOCK_TILES];
+    let mut acc = [[[_mm256_setzero_ps(); 8]; R]; BLOCK_TILES];
     // Each tile's words are copied one tile ahead of their use: a window
     // load that reads a copy still in the store queue cannot be forwarded
     // from the several stores that made it, and stalls.
@@ -194,7 +215,7 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
     for kt in 0..job.kt_n() {
         job.prefetch_tile_row(kt + PREFETCH_ROWS);
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
-        let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
+        let xv: [[__m256; 4]; R] = core::array::from_fn(|r| xvecs(job.xh_tile(job.rows[r], kt).as_ptr()));
         for (tl, a) in acc.iter_mut().enumerate() {
             let [e0, e1] = &mut ext;
             let (cur, next) = if tl % 2 == 0 { (&*e0, e1) } else { (&*e1, e0) };
@@ -203,16 +224,24 @@ unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
             } else if kt + 1 < job.kt_n() {
                 job.load_ext::<K>(kt + 1, nt0, next);
             }
-            tile_fma::<K>(cur, tabs, &xv, a);
+            tile_fma::<K, R>(cur, tabs, &xv, a);
         }
     }
     for (tl, a) in acc.iter().enumerate() {
-        reduce(a, &mut mid[tl * TILE..(tl + 1) * TILE]);
+        for (r, ar) in a.iter().enumerate() {
+            reduce(ar, &mut mid[r * BLOCK_COLS + tl * TILE..][..TILE]);
+        }
     }
 }
 
+super::batch::tile_ops!(Avx2, gemv_rows = GEMV_ROWS);
 
-super::batch::tile_ops!(Avx2);
+/// Rows up to which the GEMV, decoding in registers, beats the batched
+/// product's decode to memory (on Zen 3, 5120 -> 17408 K=2: 26.0 against
+/// 44.8 ms at 2 rows, 28.7 against 45.9 at 3; at 4 rows its accumulators
+/// spill and it loses, 47.5 against 42.9).
+const GEMV_ROWS: usize = 3;
+const _: () = assert!(GEMV_ROWS == 3, "gemv's arms cover 1 to GEMV_ROWS rows");
 
 /// Decodes tile `(kt, nt)` straight to row-major f32 with in-register
 /// transposes. For value j, vectors g = 0..3 hold (in LANE_PERM order)

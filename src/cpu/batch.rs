@@ -23,11 +23,16 @@ pub(crate) const RB: usize = 4;
 pub(crate) const DECODED_FLOATS: usize = KC * BLOCK_TILES * TILE_VALUES;
 
 pub(crate) trait TileOps {
-    /// `mid [1, 128]` += the one row `job.rows[0]` times the block.
+    /// Rows up to which [`block_mid`] takes the GEMV.
+    const GEMV_ROWS: usize;
+
+    /// `mid [rows, 128]` += the rows `job.rows` (1 to `GEMV_ROWS` of them)
+    /// times the block.
     ///
     /// # Safety
     /// 1. The CPU supports the ISA.
     /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+    /// 3. `job.rows.len()` is 1 to `GEMV_ROWS`.
     unsafe fn gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]);
 
     /// Row-major f32 values (`out[r*16 + c]`) of tile `(kt, nt)`.
@@ -51,21 +56,31 @@ pub(crate) trait TileOps {
 
 /// Implements [`TileOps`] for `$isa` by the invoking module's free
 /// functions `gemv`, `decode_rows` and `rows_fma` (or the three named),
-/// which carry the ISA's `#[target_feature]`s.
+/// which carry the ISA's `#[target_feature]`s; the GEMV takes one row
+/// unless `gemv_rows = N` says more.
 macro_rules! tile_ops {
     ($isa:ident) => {
-        super::batch::tile_ops!($isa, gemv, decode_rows, rows_fma);
+        super::batch::tile_ops!($isa, gemv, decode_rows, rows_fma, 1);
+    };
+    ($isa:ident, gemv_rows = $rows:expr) => {
+        super::batch::tile_ops!($isa, gemv, decode_rows, rows_fma, $rows);
     };
     ($isa:ident, $gemv:ident, $decode_rows:ident, $rows_fma:ident) => {
+        super::batch::tile_ops!($isa, $gemv, $decode_rows, $rows_fma, 1);
+    };
+    ($isa:ident, $gemv:ident, $decode_rows:ident, $rows_fma:ident, $rows:expr) => {
         pub(super) struct $isa;
 
         impl super::batch::TileOps for $isa {
+            const GEMV_ROWS: usize = $rows;
             /// # Safety
             /// 1. The CPU supports this ISA.
             /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+            /// 3. `job.rows.len()` is 1 to `GEMV_ROWS`.
             #[inline]
             unsafe fn gemv<const K: usize>(job: &super::job::BlockJob, mid: &mut [f32]) {
-                // SAFETY: the free function's 1. and 2. are ours.
+                // SAFETY: the free function's 1. and 2. (and 3., where it
+                // takes several rows) are ours.
                 $gemv::<K>(job, mid)
             }
             /// # Safety
@@ -98,8 +113,9 @@ macro_rules! tile_ops {
 }
 pub(crate) use tile_ops;
 
-/// `mid [rows, 128]` of one block on the ISA `T`: the GEMV for one row,
-/// the batched product for more (`mid` zeroed by the caller).
+/// `mid [rows, 128]` of one block on the ISA `T`: the GEMV for up to
+/// `T::GEMV_ROWS` rows, the batched product for more (`mid` zeroed by the
+/// caller).
 ///
 /// # Safety
 /// 1. The CPU supports the ISA of `T`.
@@ -107,11 +123,13 @@ pub(crate) use tile_ops;
 /// 3. `mid` holds `job.rows.len() * 128` floats and `scratch` at least
 ///    [`DECODED_FLOATS`].
 pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-    // SAFETY: 1. and 2. pass on to `gemv` and `gemm`; 3. is `gemm`'s 3.
-    match (job.k, job.rows.len()) {
-        (2, 1) => T::gemv::<2>(job, mid),
-        (3, 1) => T::gemv::<3>(job, mid),
-        (2, _) => gemm::<T, 2>(job, mid, scratch),
+    // SAFETY: 1. and 2. pass on to `gemv` and `gemm`; `gemv`'s 3. is the
+    // guard; 3. is `gemm`'s 3.
+    let few = (1..=T::GEMV_ROWS).contains(&job.rows.len());
+    match (job.k, few) {
+        (2, true) => T::gemv::<2>(job, mid),
+        (3, true) => T::gemv::<3>(job, mid),
+        (2, false) => gemm::<T, 2>(job, mid, scratch),
         _ => gemm::<T, 3>(job, mid, scratch),
     }
 }

@@ -122,8 +122,11 @@ fn fused_decode_of_every_product_is_exact() {
     for isa in Isa::all_available() {
         let kernel = Kernel::with_isa(isa).unwrap();
         for (shape, code, want) in cases() {
-            // 5 rows a call: the batched kernels' row blocks and their 1-row tail.
-            for (stage, per_call) in [("gemv", 1), ("batched", shape.ic), ("batched, 5 rows a call", 5)] {
+            // 2 to 4 rows a call: the GEMV where the ISA takes it for
+            // several rows (`TileOps::GEMV_ROWS`); 5: the batched kernels'
+            // row blocks and their 1-row tail.
+            let stages = [("gemv", 1), ("2 rows a call", 2), ("3 rows a call", 3), ("4 rows a call", 4), ("batched", shape.ic), ("batched, 5 rows a call", 5)];
+            for (stage, per_call) in stages {
                 let got = one_hot_product(&kernel, shape, &code, per_call);
                 // A decoded -0 comes back as +0 (+0 + -0): compare values.
                 let bad = got.iter().zip(&want).position(|(g, w)| *g != w.to_f32());
