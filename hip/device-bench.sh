@@ -162,7 +162,7 @@ mtp_gen() {
 mtp_model() { echo "$M/mtp-$1-L$DENSE_LAYERS.gguf"; }
 # The models of MODEL (dense or moe) that gen / q4km / iq2 wrote, in the
 # order the tables list them; a missing one is named on stderr (the
-# like-with-like MoE model is optional).
+# like-with-like models are optional).
 model_files() {
     local f
     for f in $M/$1-escha.gguf $M/$1-escha-q4rest.gguf $M/$1-q4km.gguf $M/$1-iq2xxs.gguf; do
@@ -447,20 +447,27 @@ for step in "$@"; do
         S=hip/synthetic-qwen35.py
         has dense && python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
         has moe && python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
-        ls -la $M
-        [ "$step" = models ] && bash "$0" q4km ;;
+        ls -la $M/
+        if [ "$step" = models ]; then bash "$0" q4km; fi ;;
     q4km|iq2)
         # The twins in llama.cpp's types (quantized_twin: no full-size f16 file).
         [ $step = q4km ] && ftype=Q4_K_M tag=q4km || ftype=IQ2_XXS tag=iq2xxs
         has dense && quantized_twin dense27b "$DENSE_LAYERS" $ftype $M/dense-$tag.gguf
         has moe && quantized_twin moe35b "$MOE_LAYERS" $ftype $M/moe-$tag.gguf
-        # Like with like: escha experts, every other matrix in Q4_K_M's types
-        # (the escha model keeps them Q8_0, as the exports do).
-        if has moe && [ $step = q4km ] && [ ! -f $M/moe-escha-q4rest.gguf ]; then
-            python3 hip/synthetic-qwen35.py --model moe35b --layers "$MOE_LAYERS" --weights escha \
-                --like $M/small-moe-q4km-q.gguf -o $M/moe-escha-q4rest.gguf.tmp && mv $M/moe-escha-q4rest.gguf.tmp $M/moe-escha-q4rest.gguf
+        # Like with like: escha's coded matrices, every other one (output,
+        # embedding, the small DeltaNet and router matrices) in Q4_K_M's
+        # types; the escha models keep them Q8_0, as the exports do.
+        if [ $step = q4km ]; then
+            for m in dense moe; do
+                has $m && [ ! -f $M/$m-escha-q4rest.gguf ] || continue
+                [ $m = dense ] && args=(--model dense27b --layers "$DENSE_LAYERS") || args=(--model moe35b --layers "$MOE_LAYERS")
+                python3 hip/synthetic-qwen35.py "${args[@]}" --weights escha --like $M/small-$m-q4km-q.gguf \
+                    -o $M/$m-escha-q4rest.gguf.tmp > "$out/gen-$m-escha-q4rest.log" 2>&1 \
+                    && mv $M/$m-escha-q4rest.gguf.tmp $M/$m-escha-q4rest.gguf \
+                    || die "$m-escha-q4rest: writing the like-with-like model failed ($out/gen-$m-escha-q4rest.log)"
+            done
         fi
-        ls -la $M ;;
+        ls -la $M/ ;;
     bench)
         for m in $MODELS; do
             for f in $(model_files $m); do
