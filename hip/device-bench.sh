@@ -47,7 +47,9 @@
 #            it in the background while building; 64 dense layers is the
 #            whole model)
 #   q4km     their Q4_K_M twins: every tensor in the type llama-quantize
-#            gives it, random blocks, no full-size f16 file (quantized_twin)
+#            gives it, random blocks, no full-size f16 file (quantized_twin);
+#            and the escha models with every uncoded matrix in those types
+#            (dense-/moe-escha-q4rest.gguf, like with like)
 #   models   gen + q4km
 #   iq2      the same for IQ2_XXS (llama-quantize of the small twin with a
 #            uniform importance matrix)
