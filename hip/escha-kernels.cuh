@@ -783,7 +783,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
 #ifdef ESCHA_GEMV_MMA
     constexpr int W    = 8 * K;
     constexpr int ROWS = NB * 8;
-    static_assert(!FUSED || (NB == 1 && NTW == 4), "the fused kernel: 8-row blocks, 128 outputs a warp pair");
+    static_assert(!FUSED || (NB == 1 && (NTW == 2 || NTW == 4)), "the fused kernel: 8-row blocks, 128 outputs a group of 8 / NTW warps");
     // code_early: a dense op, whose init reads nothing, loads its first
     // tile row of code (which no kernel writes) while the kernel before it
     // (the input transform) still runs, and only then waits for it.
@@ -943,14 +943,14 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         __threadfence();
         escha_syncwarp();
         const int64_t z = blockIdx.x / a.n_x;
-        const int o128 = nt0 / 8; // the 128 outputs this warp's 64 are half of
+        const int o128 = nt0 / 8; // the 128 outputs this warp's 16 * NTW are part of
         unsigned * count = a.arrive + z * (a.OC / 128) + o128;
         unsigned before = 0;
         if (lane == 0) {
             before = atomicAdd(count, 1u);
         }
         before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
-        if (before + 1 != 2 * gridDim.y) {
+        if (before + 1 != (8 / NTW) * gridDim.y) {
             return;
         }
         __threadfence(); // every other warp's sums, read from L2 (__ldcg: not this SM's L1)

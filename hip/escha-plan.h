@@ -72,6 +72,17 @@ static_assert(escha_cuda_moe_block_rows(4096, 256) == 32 && escha_cuda_moe_block
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 
+// Output tiles per warp of the fused GEMV: 2 (or 4, GGML_ESCHA_FUSED_NTW=4,
+// for measuring). A MoE decode slot is small (35B gate_up: 8 slots x 64
+// tiles x 8 splits of whole 128-blocks): with 4 tiles a warp its grid was
+// 512 blocks, 0.43 waves of the H200, 22% achieved occupancy and 38% of
+// the issue slots busy (Nsight Compute); 2 tiles a warp double the warps.
+static constexpr int ESCHA_CUDA_FUSED_NTW = 2;
+
+// Plan p with the fused GEMV at ntw output tiles a warp (2 or 4), for nt
+// output tiles and warps warps a block.
+struct escha_cuda_plan;
+
 // IC splits of a multiply at most, where a grid of two waves would take
 // more: it then takes one wave.
 static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
@@ -122,6 +133,13 @@ struct escha_cuda_plan {
     bool    code_early; // GEMV, dense: first code loads before the wait for the input transform
 };
 
+static constexpr escha_cuda_plan escha_cuda_fuse(escha_cuda_plan p, const int nt, const int warps, const int ntw) {
+    p.fused = true;
+    p.ntw   = ntw;
+    p.n_x   = (nt + ntw * warps - 1) / (ntw * warps);
+    return p;
+}
+
 // The grid of a given kernel family and grouping. per_group: rows that one
 // weight serves, which size the blocks (dense: all rows; PER_SLOT: 1;
 // GROUPED: escha_cuda_moe_block_rows); most: GROUPED, the rows one expert
@@ -167,7 +185,7 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
 // blocks sized for this many rows (0: escha_cuda_moe_block_rows).
 static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
                                                    int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows,
-                                                   int64_t moe_rows = 0) {
+                                                   int64_t moe_rows = 0, int fused_ntw = ESCHA_CUDA_FUSED_NTW) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t grouped   = moe_rows > 0 ? moe_rows : escha_cuda_moe_block_rows(n_rows, n_expert);
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : grouped);
@@ -179,9 +197,16 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
     // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
     // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
     // per-warp xh comes before the decode), so dense ops keep three launches.
-    p.fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
-    return p;
+    const bool fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
+    return fused ? escha_cuda_fuse(p, nt, warps, fused_ntw) : p;
 }
+
+// The 35B-A3B's decode slots (8 a token; gate_up 1024 outputs): the fused
+// GEMV, 2 tiles a warp, 8 blocks of 4 warps along the outputs of a slot.
+static constexpr escha_cuda_plan escha_cuda_plan_35b_1 = escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4);
+static_assert(escha_cuda_plan_35b_1.fused && escha_cuda_plan_35b_1.ntw == 2 && escha_cuda_plan_35b_1.n_x == 8 &&
+                  escha_cuda_plan_35b_1.n_z == 8 && escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4, 0, 4).n_x == 4,
+              "decode slots: the fused GEMV at 2 tiles a warp (4 when asked)");
 
 // The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
 // 32-row GEMV blocks at 512 and 4096 tokens, a row block list of each

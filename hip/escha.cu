@@ -196,6 +196,13 @@ static int64_t escha_moe_rows() {
     return v;
 }
 
+// The fused GEMV's output tiles a warp: GGML_ESCHA_FUSED_NTW=4 for the
+// 4-tile kernel, for measuring; otherwise ESCHA_CUDA_FUSED_NTW, read once.
+static int escha_fused_ntw() {
+    static const int v = escha_env_rows("GGML_ESCHA_FUSED_NTW", 0) == 4 ? 4 : ESCHA_CUDA_FUSED_NTW;
+    return v;
+}
+
 // mid = xh @ W for a dense op (a.code, a.xh, a.mid, all a.n_rows rows):
 // W decoded into f16 scratch from the pool, one weight at a time and never
 // kept, then one f16 x f16 product with f32 accumulation on the vendor's
@@ -270,12 +277,15 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
     escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                                escha_blas_min_rows(), escha_fused_max_rows(), escha_moe_rows());
+                                                escha_blas_min_rows(), escha_fused_max_rows(), escha_moe_rows(), escha_fused_ntw());
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP
-    if (plan.fused) {
-        plan.fused = escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive);
+    if (plan.fused &&
+        !escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive)) {
+        // Three launches instead, with their own grid (tiles a warp).
+        plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
+                                    escha_blas_min_rows(), 0, escha_moe_rows());
     }
 #endif
 
@@ -362,7 +372,13 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
             escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
         }
     } else if (plan.fused) {
-        if (K == 2) {
+        if (plan.ntw == 2) {
+            if (K == 2) {
+                escha_launch_gemv<2, 2, 1, true>(a, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 2, 1, true>(a, n_z, z_busy, nsm, stream);
+            }
+        } else if (K == 2) {
             escha_launch_gemv<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
         } else {
             escha_launch_gemv<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);

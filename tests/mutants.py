@@ -299,8 +299,11 @@ MUTANTS += [
       "        escha_syncwarp();\n        const int chunks", "        const int chunks",
       "cuda_shim", "the decode-once kernel writes its staged rows before every lane has staged its words"),
     M("cuda-fused-early", "fast", CUH,
-      "if (before + 1 != 2 * gridDim.y) {", "if (before + 2 != 2 * gridDim.y) {",
+      "if (before + 1 != (8 / NTW) * gridDim.y) {", "if (before + 2 != (8 / NTW) * gridDim.y) {",
       "cuda_shim", "fused kernel: the output transform run by the next-to-last warp, before the last one's sums are in"),
+    M("cuda-fused-ntw-arrivals", "fast", CUH,
+      "if (before + 1 != (8 / NTW) * gridDim.y) {", "if (before + 1 != 2 * gridDim.y) {",
+      "cuda_shim", "fused kernel at 2 tiles a warp: the output transform run when half of a 128-output group's warps are in"),
 ]
 
 # The GPU benchmarks' synthetic models (hip/synthetic-qwen35.py), caught by

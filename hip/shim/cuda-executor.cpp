@@ -182,7 +182,7 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 #endif
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
-            kernel = p.fused     ? escha_gemv_kernel<K, 4, 1, true>
+            kernel = p.fused     ? (p.ntw == 2 ? escha_gemv_kernel<K, 2, 1, true> : escha_gemv_kernel<K, 4, 1, true>)
                      : p.nb == 1 ? escha_gemv_kernel<K, 4, 1>
                      : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
                      : p.nb == 4 ? escha_gemv_kernel<K, 4, 4>
@@ -205,7 +205,9 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
-    plan.fused = fused;
+    if (fused) {
+        plan = escha_cuda_fuse(plan, a.NT, ESCHA_WARPS, ESCHA_CUDA_FUSED_NTW);
+    }
     void (*kernel)(escha_mm_args) = nullptr;
     const bool blas = plan.family == ESCHA_CUDA_BLAS;
     if (!blas && !(k == 2 ? pick<2>(plan, kernel) : pick<3>(plan, kernel))) {
