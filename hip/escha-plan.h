@@ -72,12 +72,14 @@ static_assert(escha_cuda_moe_block_rows(4096, 256) == 32 && escha_cuda_moe_block
 static constexpr int64_t ESCHA_CUDA_FUSED_MAX_ROWS = 4;
 static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 
-// Output tiles per warp of the fused GEMV: 2 (or 4, GGML_ESCHA_FUSED_NTW=4,
-// for measuring). A MoE decode slot is small (35B gate_up: 8 slots x 64
-// tiles x 8 splits of whole 128-blocks): with 4 tiles a warp its grid was
-// 512 blocks, 0.43 waves of the H200, 22% achieved occupancy and 38% of
+// Output tiles per warp of the fused GEMV: 4, or 2 with
+// GGML_ESCHA_FUSED_NTW=2. A MoE decode slot is small (35B gate_up: 8 slots
+// x 64 tiles x 16 splits of whole 128-blocks): with 4 tiles a warp its grid
+// is 512 blocks, 0.43 waves of the H200, 22% achieved occupancy and 38% of
 // the issue slots busy (Nsight Compute); 2 tiles a warp double the warps.
-static constexpr int ESCHA_CUDA_FUSED_NTW = 2;
+// The 2-tile grid passes parity on the H200 but is not yet timed against
+// the 4-tile one, so 4 stays the default.
+static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 
 // Plan p with the fused GEMV at ntw output tiles a warp (2 or 4), for nt
 // output tiles and warps warps a block.
@@ -202,11 +204,12 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
 }
 
 // The 35B-A3B's decode slots (8 a token; gate_up 1024 outputs): the fused
-// GEMV, 2 tiles a warp, 8 blocks of 4 warps along the outputs of a slot.
+// GEMV, 4 tiles a warp, 4 blocks of 4 warps along the outputs of a slot
+// (8 at 2 tiles a warp).
 static constexpr escha_cuda_plan escha_cuda_plan_35b_1 = escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4);
-static_assert(escha_cuda_plan_35b_1.fused && escha_cuda_plan_35b_1.ntw == 2 && escha_cuda_plan_35b_1.n_x == 8 &&
-                  escha_cuda_plan_35b_1.n_z == 8 && escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4, 0, 4).n_x == 4,
-              "decode slots: the fused GEMV at 2 tiles a warp (4 when asked)");
+static_assert(escha_cuda_plan_35b_1.fused && escha_cuda_plan_35b_1.ntw == 4 && escha_cuda_plan_35b_1.n_x == 4 &&
+                  escha_cuda_plan_35b_1.n_z == 8 && escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 4, 0, 2).n_x == 8,
+              "decode slots: the fused GEMV at 4 tiles a warp (2 when asked)");
 
 // The 35B-A3B's experts (256, 8 a token; gate_up 1024 outputs) in prefill:
 // 32-row GEMV blocks at 512 and 4096 tokens, a row block list of each

@@ -196,10 +196,11 @@ static int64_t escha_moe_rows() {
     return v;
 }
 
-// The fused GEMV's output tiles a warp: GGML_ESCHA_FUSED_NTW=4 for the
-// 4-tile kernel, for measuring; otherwise ESCHA_CUDA_FUSED_NTW, read once.
+// The fused GEMV's output tiles a warp: GGML_ESCHA_FUSED_NTW=2 or 4 when
+// set, otherwise ESCHA_CUDA_FUSED_NTW, read once.
 static int escha_fused_ntw() {
-    static const int v = escha_env_rows("GGML_ESCHA_FUSED_NTW", 0) == 4 ? 4 : ESCHA_CUDA_FUSED_NTW;
+    static const int64_t e = escha_env_rows("GGML_ESCHA_FUSED_NTW", 0);
+    static const int v = e == 2 || e == 4 ? (int) e : ESCHA_CUDA_FUSED_NTW;
     return v;
 }
 

@@ -139,8 +139,10 @@ std::vector<T> nan_filled(size_t n) {
 // by BLAS (dense only), 4 the fused token-generation kernel (the GEMV's
 // FUSED: one launch, up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, not
 // grouped by expert).
-const int k_family_of_path[5] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV };
+const int k_family_of_path[6] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV, ESCHA_CUDA_GEMV };
 constexpr int k_path_fused = 4;
+// 5: the fused kernel at 2 output tiles a warp (GGML_ESCHA_FUSED_NTW=2).
+constexpr int k_path_fused2 = 5;
 
 // What the executor returns for a fused op that left its state (mid, the
 // arrival counts) other than all zero: the next op would start wrong.
@@ -199,14 +201,14 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // n_expert experts).
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
            int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y) {
-    const bool fused = path == k_path_fused;
-    if (path < 0 || path > 4 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
+    const bool fused = path == k_path_fused || path == k_path_fused2;
+    if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
         (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED))) {
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
     if (fused) {
-        plan = escha_cuda_fuse(plan, a.NT, ESCHA_WARPS, ESCHA_CUDA_FUSED_NTW);
+        plan = escha_cuda_fuse(plan, a.NT, ESCHA_WARPS, path == k_path_fused2 ? 2 : ESCHA_CUDA_FUSED_NTW);
     }
     void (*kernel)(escha_mm_args) = nullptr;
     const bool blas = plan.family == ESCHA_CUDA_BLAS;

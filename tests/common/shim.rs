@@ -292,6 +292,8 @@ pub const BLAS: i32 = 3;
 /// xh and applying the output transform (one launch, up to 4 rows a group,
 /// not grouped by expert), on state that must start and end at zero
 pub const FUSED: i32 = 4;
+/// the fused kernel at 2 output tiles a warp (GGML_ESCHA_FUSED_NTW=2)
+pub const FUSED2: i32 = 5;
 /// What the executor returns when the fused kernel left its state nonzero.
 const FUSED_STATE_LEFT: i32 = -2;
 
@@ -436,6 +438,7 @@ impl CudaShim {
                 // 128-blocks: a split of 6 tile rows becomes 8).
                 for (m, ksplit) in [(1, 1), (1, 3), (2, 2), (3, 1), (4, 5)] {
                     all.push(self.dense_case(&p, m, FUSED, ksplit, 700 + m as u64));
+                    all.push(self.dense_case(&p, m, FUSED2, ksplit, 750 + m as u64));
                 }
                 let p = dense_problem(11 * k as u64 + oc as u64, k, ic, oc, false, false);
                 all.push(self.dense_case(&p, 2, GEMV, 2, 502));
@@ -495,6 +498,8 @@ impl CudaShim {
                 all.push(self.moe_case(&d, &route(6, 5, 2, nx, 4, 2), false, SIMT, 1, 506));
                 all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED, 1, 511));
                 all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED, 3, 515));
+                all.push(self.moe_case(&d, &route(1, 1, 2, nx, 4, 2), false, FUSED2, 1, 521));
+                all.push(self.moe_case(&d, &route(7, 5, 2, nx, 4, 2), false, FUSED2, 3, 525));
                 // Grouped by expert: GEMV blocks sized for twice the rows an
                 // expert gets on average, at most 32 (16 rows at 9 and 16
                 // tokens, 32 at 40 and 70), an expert that every token picks
@@ -511,6 +516,7 @@ impl CudaShim {
             let d = MoeData::new(70 + k as u64, k, 8, 128, 256, true, true);
             all.push(self.moe_case(&d, &route(71, 5, 3, 3, 8, 8), false, GEMV, 1, 705));
             all.push(self.moe_case(&d, &route(74, 3, 3, 3, 8, 8), false, FUSED, 2, 706));
+            all.push(self.moe_case(&d, &route(74, 3, 3, 3, 8, 8), false, FUSED2, 2, 707));
             all.push(self.moe_case(&d, &route(72, 20, 3, 1, 8, 8), true, PREFILL, 1, 720));
             all.push(self.moe_case(&d, &route(73, 12, 3, 1, 8, 8), true, GEMV, 1, 712));
             // 8- and 16-row blocks (27 and 60 slots over 8 experts), expert 0 taking two.
