@@ -25,6 +25,7 @@ group) for `patch -p1`.
 
 import argparse
 import difflib
+import fcntl
 import os
 import re
 import shutil
@@ -542,6 +543,13 @@ def main():
     dest = os.path.abspath(dest)
     if os.path.commonpath([dest, ROOT]) == ROOT:
         sys.exit("mutants: the copy must lie outside the repository")
+    # One run a copy: a second run would rebuild the copy under the first
+    # one's checks (held until this process ends).
+    lock = open(dest + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit("mutants: another run is using %s; wait for it or set ESCHA_MUTANTS_DIR to another directory" % dest)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
