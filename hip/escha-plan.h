@@ -81,10 +81,6 @@ static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 // the 4-tile one, so 4 stays the default.
 static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 
-// Plan p with the fused GEMV at ntw output tiles a warp (2 or 4), for nt
-// output tiles and warps warps a block.
-struct escha_cuda_plan;
-
 // IC splits of a multiply at most, where a grid of two waves would take
 // more: it then takes one wave.
 static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
@@ -135,6 +131,8 @@ struct escha_cuda_plan {
     bool    code_early; // GEMV, dense: first code loads before the wait for the input transform
 };
 
+// Plan p with the fused GEMV at ntw output tiles a warp (2 or 4), for nt
+// output tiles and warps warps a block.
 static constexpr escha_cuda_plan escha_cuda_fuse(escha_cuda_plan p, const int nt, const int warps, const int ntw) {
     p.fused = true;
     p.ntw   = ntw;

@@ -277,16 +277,17 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
     const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
 #endif
-    escha_cuda_plan plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                                escha_blas_min_rows(), escha_fused_max_rows(), escha_moe_rows(), escha_fused_ntw());
+    auto make_plan = [&](const int64_t fused_max_rows) {
+        return escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
+                                    escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw());
+    };
+    escha_cuda_plan plan = make_plan(escha_fused_max_rows());
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP
     if (plan.fused &&
         !escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive)) {
-        // Three launches instead, with their own grid (tiles a warp).
-        plan = escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                    escha_blas_min_rows(), 0, escha_moe_rows());
+        plan = make_plan(0); // three launches instead, with their own grid (tiles a warp)
     }
 #endif
 

@@ -45,13 +45,13 @@ pub use job::{split, xh_index, BLOCK_COLS, BLOCK_TILES};
 pub use linear::CpuLinear;
 
 use crate::format::TILE;
+use crate::transform::input_transform;
 
 /// 2^112: f32's exponent bias less f16's. An f16 value's bits placed as
 /// f32 exponent and mantissa read as the value times 1 / this; the GEMVs
 /// scale their inputs by it instead of converting every weight.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
-use crate::transform::input_transform;
 
 /// Phase 1 for one row: `xh` (tile-row major, `n_rows` rows) gets the
 /// f16-rounded transform of `x_row` scaled by `rin_eff`.
