@@ -458,20 +458,35 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_decode_kernel(
     for (int64_t g = (int64_t) blockIdx.x * ESCHA_WARPS + wi; g < units; g += warps) {
         const int64_t nt = g % NT, k0 = (g / NT) * ESCHA_DECODE_KT;
         const int nk = (int) min((int64_t) ESCHA_DECODE_KT, (int64_t) KT - k0);
-        for (int t = 0; t < nk; t++) {
+        // Every tile's words are loaded before the first decode: one memory
+        // round trip a unit, not one a tile. (IC is a multiple of 128, so a
+        // unit has its 8 tiles; one short of them would decode its last tile
+        // again into staging rows that are never stored.)
+        escha_lane_words<K> lw[ESCHA_DECODE_KT];
+#pragma unroll
+        for (int t = 0; t < ESCHA_DECODE_KT; t++) {
+            lw[t].load(code + ((k0 + min(t, nk - 1)) * NT + nt) * W, lb);
+        }
+#pragma unroll
+        for (int t = 0; t < ESCHA_DECODE_KT; t++) {
             uint32_t b[4];
-            escha_decode_lane<K>(code + ((k0 + t) * NT + nt) * W, lb, dc, b);
+            escha_decode_lane<K>(lw[t], lb.off, dc, b);
             s[n * SROW + t * 8 + q]           = b[0]; // k kq, kq+1 of output n
             s[n * SROW + t * 8 + 4 + q]       = b[1]; // k kq+8, kq+9
             s[(n + 8) * SROW + t * 8 + q]     = b[2]; // the same of output n + 8
             s[(n + 8) * SROW + t * 8 + 4 + q] = b[3];
         }
         escha_syncwarp();
-        const int chunks = nk * 2; // 16-byte chunks a row
-        for (int c = lane; c < 16 * chunks; c += ESCHA_LANES) {
-            const int r = c / chunks, ch = c % chunks;
-            const uint4 v = *(const uint4 *) (s + r * SROW + ch * 4);
-            *(uint4 *) (w + (nt * 16 + r) * IC + k0 * 16 + ch * 8) = v;
+        // 16-byte chunks: 2 a tile, 16 rows; the row and chunk of c by
+        // compile-time shifts (a unit short of 8 tiles skips its missing ones)
+        constexpr int CH = ESCHA_DECODE_KT * 2;
+#pragma unroll
+        for (int c = lane; c < 16 * CH; c += ESCHA_LANES) {
+            const int r = c / CH, ch = c % CH;
+            if (ch < nk * 2) {
+                const uint4 v = *(const uint4 *) (s + r * SROW + ch * 4);
+                *(uint4 *) (w + (nt * 16 + r) * IC + k0 * 16 + ch * 8) = v;
+            }
         }
         escha_syncwarp(); // the rows are read before the next unit overwrites them
     }
