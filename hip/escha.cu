@@ -303,7 +303,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());
-    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    const unsigned gy = escha_transform_grid_y(n_rows);
     if (!plan.fused) {
         xh.alloc(n_rows * IC);
         mid.alloc(n_rows * OC);

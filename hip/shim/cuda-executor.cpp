@@ -216,7 +216,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         return -1;
     }
     const int IC = a.IC, OC = a.OC;
-    const unsigned gy = (unsigned) std::min<int64_t>(n_rows, 65535);
+    const unsigned gy = escha_transform_grid_y(n_rows); // as escha.cu (the transforms alone, below, run grouped)
     // As escha.cu: a dense op's transforms load their vectors before the wait.
     const bool dense = rows.ids == nullptr;
     // The fused kernel's mid and arrival counts: the state escha.cu keeps
@@ -344,7 +344,7 @@ int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * r
     escha_vecs v = {};
     v.rin  = (const half *) rin;
     v.s_in = s_in;
-    launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
+    launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
         escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0, true);
     });
     return 0;
@@ -363,7 +363,7 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
     v.rout  = (const half *) rout;
     v.s_out = s_out;
     v.bias  = bias;
-    launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m), ESCHA_THREADS, [&] {
+    launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
         escha_out_kernel(rows, v, mid, y, m, (int) oc, true);
     });
     return 0;
