@@ -167,8 +167,8 @@ CUDA_KERNEL = [
 MUTANTS = CUDA_KERNEL + [
     # ---- HIP branch of escha_decode_lane, and 64-lane wavefronts --------------
     M("hip-cut-shift", "fast", CUH,
-      "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << sh) >> 16; };",
-      "auto cut = [](const uint32_t w, const int sh) -> uint32_t { return (w << (sh + 1)) >> 16; };",
+      "auto cut_l = [](const uint32_t w, const int sh) -> uint32_t { return w << sh; };",
+      "auto cut_l = [](const uint32_t w, const int sh) -> uint32_t { return w << (sh + 1); };",
       "hip_shim", "HIP decode: a state cut one bit off"),
     M("cuda-k2-window-bytes", "fast", CUH,
       "__byte_perm(wn[j - 4], 0, 0x4421)", "__byte_perm(wn[j - 4], 0, 0x4412)",
@@ -297,7 +297,7 @@ MUTANTS = CUDA_KERNEL + [
 # so the early one mostly reads both sums and the count ends at 0).
 MUTANTS += [
     M("cuda-decode-once-sync", "fast", CUH,
-      "        escha_syncwarp();\n        const int chunks", "        const int chunks",
+      "        escha_syncwarp();\n        // 16-byte chunks", "        // 16-byte chunks",
       "cuda_shim", "the decode-once kernel writes its staged rows before every lane has staged its words"),
     M("cuda-fused-early", "fast", CUH,
       "if (before + 1 != (8 / NTW) * gridDim.y) {", "if (before + 2 != (8 / NTW) * gridDim.y) {",
