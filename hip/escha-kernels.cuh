@@ -140,6 +140,23 @@ static __device__ __forceinline__ void escha_xh_from(const float xq[4], const fl
     }
 }
 
+// What row r's input transform reads at channels i0..i0+3: the lane's 4
+// values of x into xq and, unless have_re (rin_eff already in re, loaded
+// before the wait), its expert's rin_eff into re.
+static __device__ __forceinline__ void escha_xh_load(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
+                                                     const bool have_re, float xq[4], float re[4]) {
+    int e;
+    bool bad;
+    const float * x = rows.row(r, e, bad);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        xq[q] = x[i0 + q];
+    }
+    if (!have_re) {
+        escha_rin_eff(v, e, i0, re);
+    }
+}
+
 // One warp's share of the input transform: row r's 128-block at i0 - 4 *
 // lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
 // 4l..4l+3 into h. The input transform kernel and the fused token-
@@ -147,15 +164,8 @@ static __device__ __forceinline__ void escha_xh_from(const float xq[4], const fl
 // rows with rin_eff loaded before its wait).
 static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
                                                      const int lane, half h[4]) {
-    int e;
-    bool bad;
-    const float * x = rows.row(r, e, bad);
-    float re[4], xq[4];
-    escha_rin_eff(v, e, i0, re);
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        xq[q] = x[i0 + q];
-    }
+    float xq[4], re[4];
+    escha_xh_load(rows, v, r, i0, false, xq, re);
     escha_xh_from(xq, re, lane, h);
 }
 
@@ -218,17 +228,11 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
         for (int u = 0; u < RU; u++) {
             const int64_t r = r0 + u * gy;
             if (r < n_rows) {
-                int e;
-                bool bad;
-                const float * x = rows.row(r, e, bad);
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    xq[u][q] = x[i0 + q];
                     rq[u][q] = re[q];
                 }
-                if (!pre) {
-                    escha_rin_eff(v, e, i0, rq[u]);
-                }
+                escha_xh_load(rows, v, r, i0, pre, xq[u], rq[u]);
             }
         }
 #pragma unroll
