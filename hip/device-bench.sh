@@ -59,8 +59,8 @@
 #   pdl      the same with programmatic dependent launch and with
 #            GGML_CUDA_PDL=0
 #   early    the same with dense ops' early loads and with GGML_ESCHA_EARLY=0
-#   batched  llama-batched-bench at 1, 4, 16, 32 sequences, every model
-#            present (device-build.sh llama-batched-bench)
+#   batched  llama-batched-bench at 1, 4, 16, 32, 64 sequences (BATCHED_NPL),
+#            every model present (device-build.sh llama-batched-bench)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
 # models: each call to a GPU machine starts from a fresh tree and may run 10
 # minutes, and build + one model's twins + bench fit one call:
@@ -75,6 +75,7 @@ DENSE_LAYERS=${DENSE_LAYERS:-16}
 MOE_LAYERS=${MOE_LAYERS:-4}
 MODELS=${MODELS:-dense moe}
 MTP_WEIGHTS=${MTP_WEIGHTS:-escha q4km}
+BATCHED_NPL=${BATCHED_NPL:-1,4,16,32,64}
 MOE_ROWS_TRIED=${MOE_ROWS_TRIED-8 16 32 64 100}
 PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 late:GGML_ESCHA_EARLY=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
@@ -495,9 +496,9 @@ for step in "$@"; do
         for m in $MODELS; do
             for f in $(model_files $m); do
                 echo "== $f"
-                $B/llama-batched-bench -m "$f" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,4,16,32 \
+                $B/llama-batched-bench -m "$f" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl "$BATCHED_NPL" \
                     > "$out/batched-$(basename "$f" .gguf).log" 2>&1 || die "batched: $f failed"
-                grep -E "^\|" "$out/batched-$(basename "$f" .gguf).log" | tail -n 4
+                grep -E "^\|" "$out/batched-$(basename "$f" .gguf).log" | tail -n "$(tr , "\n" <<<"$BATCHED_NPL" | wc -l)"
             done
         done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -7,8 +7,8 @@
 #include <cstdint>
 
 // Multiply kernels: escha_mm_kernel on the SIMT path (HIP, pre-Ampere
-// NVIDIA), escha_gemv_kernel (mma, token generation and small batches: up
-// to 16 rows per weight for MoE, 64 for dense), escha_mm_kernel with mma
+// NVIDIA), escha_gemv_kernel (mma, token generation and small batches:
+// blocks of up to 32 rows, dense batches up to 64 rows), escha_mm_kernel with mma
 // (prefill, 64 rows a block), and for large dense batches the weight
 // decoded once into f16 (escha_decode_kernel) and multiplied by the
 // vendor's BLAS on tensor cores.
@@ -37,9 +37,18 @@ static_assert(escha_env_switch("1") && escha_env_switch("00") && escha_env_switc
 // MoE ops with at most this many tokens run each slot on its own.
 static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 
-// Rows one weight serves in the GEMV kernel at most: 8, 16, 32 or 64 rows
-// a block (a dense op's rows, or the rows an expert gets on average).
+// Rows one weight serves in the GEMV kernel at most (a dense op's rows, or
+// the rows an expert gets on average); above it the tensor-core prefill
+// kernel. A GEMV block takes 8, 16 or 32 of them
+// (ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS): a dense op of 33-64 rows runs as row
+// groups of 32. On the H200 (docs/PERFORMANCE.md, hip/bench ESCHA_BENCH_MID)
+// 64 rows as one 64-row block (2 tile columns a warp, its 64 accumulators)
+// took 127 us for 5120 -> 17408 and 118 us for 17408 -> 5120, as two groups
+// of 32-row blocks 83.5 and 82.0 us (Q4_K: 94.7 and 96.6 us); the 64-row
+// block's 16 input loads per tile row a warp put the L1 at 82% of its peak.
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
+static constexpr int64_t ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS = 32;
+static_assert(ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS == 32, "escha.cu launches GEMV blocks of 1, 2 or 4 8-row blocks");
 
 // The rows a block of a GROUPED MoE op is sized for: twice the rows an
 // expert gets on average (n_rows slots over n_expert experts), at most 32,
@@ -89,9 +98,19 @@ static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
 // rows) of which `resident` fit on the GPU at once: enough for two waves,
 // or one where two would take more than ESCHA_CUDA_MAX_SPLITS (escha.cu's
 // launcher says why), keeping at least 8 of the KT tile rows a split.
-static constexpr int escha_cuda_ksplit(const int64_t resident, const int64_t blocks, const int KT) {
+// rows32: dense 32-row GEMV blocks, whose every split adds 32 rows of
+// partial sums in f32 atomics: one wave when it fills at least 85% of the
+// resident blocks, else as above. On the H200 (hip/bench ESCHA_BENCH_MID,
+// docs/PERFORMANCE.md): 32 rows of 5120 -> 17408 took 43.3 us at one wave
+// (90% filled) against 50.3 at two; 64 rows (two groups) 83.5 at two
+// waves against 90.6 at one (77% filled); 64 rows of 17408 -> 5120 82.0 at
+// one wave (98%) against 86.2.
+static constexpr int escha_cuda_ksplit(const int64_t resident, const int64_t blocks, const int KT, const bool rows32 = false) {
+    const int64_t one  = resident / blocks;
     const int64_t two  = 2 * resident / blocks;
-    const int64_t want = two > ESCHA_CUDA_MAX_SPLITS ? resident / blocks : two;
+    const int64_t want = rows32 && one >= 1 && one * blocks * 100 >= 85 * resident ? one
+                         : two > ESCHA_CUDA_MAX_SPLITS                              ? one
+                                                                                    : two;
     const int64_t most = KT / 8;
     return (int) (want < 1 ? 1 : want < most ? want : most < 1 ? 1 : most);
 }
@@ -99,6 +118,10 @@ static_assert(escha_cuda_ksplit(1056, 68, 320) == 31 && escha_cuda_ksplit(1056, 
                   escha_cuda_ksplit(1056, 20, 64) == 8 && escha_cuda_ksplit(100, 1000, 320) == 1 &&
                   escha_cuda_ksplit(1056, 68, 4) == 1,
               "two waves, one past the split cap, at least 8 tile rows a split, at least one split");
+static_assert(escha_cuda_ksplit(528, 68, 320, true) == 7 && escha_cuda_ksplit(528, 136, 320, true) == 7 &&
+                  escha_cuda_ksplit(528, 40, 1088, true) == 13 && escha_cuda_ksplit(528, 20, 1088, true) == 26 &&
+                  escha_cuda_ksplit(528, 600, 320, true) == 1,
+              "32-row blocks: one wave when it fills 85%, else two");
 
 // Tile rows per IC split for about ksplit splits of KT tile rows (the
 // grid's y is then ceil(KT / chunk)); fused: up to whole 128-blocks (8
@@ -150,10 +173,10 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
     escha_cuda_plan p{};
     p.family = family;
     p.mode = mode;
-    p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : per_group <= 32 ? 4 : 8;
+    p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS / 8; // 8-row blocks
     p.rows = family == ESCHA_CUDA_SIMT ? 16 : family == ESCHA_CUDA_MMA ? 64 : p.nb * 8;
-    // GEMV: 4 tile columns per warp, 2 at 64 rows (its accumulators).
-    p.ntw = family == ESCHA_CUDA_GEMV ? (p.nb == 8 ? 2 : 4) : 2;
+    // GEMV: 4 tile columns per warp.
+    p.ntw = family == ESCHA_CUDA_GEMV ? 4 : 2;
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
     // A dense op's weights are not written by a kernel on the device (a
     // host copy of op offload is ordered before the op as a whole), so its

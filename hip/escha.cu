@@ -7,7 +7,8 @@
 //   2. mid = xh @ W, by one of (escha-plan.h):
 //      - W decoded in registers and never stored; split over IC, summed
 //        with f32 atomics: escha_gemv_kernel up to 64 rows per weight
-//        (token generation, parallel sequences), escha_mm_kernel above
+//        in blocks of up to 32 (token generation, parallel sequences),
+//        escha_mm_kernel above
 //        (MoE prefill) and on the SIMT path;
 //      - large dense batches: W decoded once into f16 scratch from ggml's
 //        pool (escha_decode_kernel) and multiplied by cuBLAS / hipBLAS
@@ -85,8 +86,9 @@ static void escha_kernel_launch(Kernel kernel, const dim3 grid, cudaStream_t str
 // us, 79 splits 31.0). per_sm: the kernel's resident blocks per SM (its
 // registers decide), asked once.
 // fused: the fused GEMV, whose splits are whole 128-blocks (escha-plan.h).
+// rows32: a dense op's 32-row GEMV blocks (escha_cuda_ksplit).
 static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_args a, const int64_t n_z, const int64_t z_busy,
-                         const int nsm, cudaStream_t stream, const bool fused = false) {
+                         const int nsm, cudaStream_t stream, const bool fused = false, const bool rows32 = false) {
     if (per_sm == 0) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, ESCHA_THREADS, 0));
@@ -95,7 +97,7 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     escha_consts_fill(a.dc);
     const int64_t resident = (int64_t) per_sm * nsm;
     const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
-    int ksplit = escha_cuda_ksplit(resident, blocks, a.KT);
+    int ksplit = escha_cuda_ksplit(resident, blocks, a.KT, rows32);
     a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
@@ -112,7 +114,8 @@ static void escha_launch_mm(const escha_mm_args & a, const int64_t n_z, const in
 template <int K, int NTW, int NB, bool FUSED = false>
 static void escha_launch_gemv(const escha_mm_args & a, const int64_t n_z, const int64_t z_busy, const int nsm, cudaStream_t stream) {
     static int per_sm = 0;
-    escha_launch(escha_gemv_kernel<K, NTW, NB, FUSED>, per_sm, a, n_z, z_busy, nsm, stream, FUSED);
+    escha_launch(escha_gemv_kernel<K, NTW, NB, FUSED>, per_sm, a, n_z, z_busy, nsm, stream, FUSED,
+                 NB == 4 && a.mode == ESCHA_CUDA_DENSE);
 }
 
 // Whether the environment variable `name` is set to off ("" or "0").
@@ -398,17 +401,11 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
         } else {
             escha_launch_gemv<3, 4, 2>(a, n_z, z_busy, nsm, stream);
         }
-    } else if (plan.nb == 4) {
+    } else {
         if (K == 2) {
             escha_launch_gemv<2, 4, 4>(a, n_z, z_busy, nsm, stream);
         } else {
             escha_launch_gemv<3, 4, 4>(a, n_z, z_busy, nsm, stream);
-        }
-    } else {
-        if (K == 2) {
-            escha_launch_gemv<2, 2, 8>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_gemv<3, 2, 8>(a, n_z, z_busy, nsm, stream);
         }
     }
 #endif

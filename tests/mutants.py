@@ -305,6 +305,10 @@ MUTANTS += [
     M("cuda-fused-ntw-arrivals", "fast", CUH,
       "if (before + 1 != (8 / NTW) * gridDim.y) {", "if (before + 1 != 2 * gridDim.y) {",
       "cuda_shim", "fused kernel at 2 tiles a warp: the output transform run when half of a 128-output group's warps are in"),
+    M("cuda-plan-one-group-of-64", "fast", "hip/escha-plan.h",
+      "per_group <= 16 ? 2 : ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS / 8;",
+      "per_group <= 16 ? 2 : per_group <= 32 ? 4 : 8;",
+      "cuda_shim", "plan: 33-64 dense rows as one 64-row group on the 32-row GEMV block (rows 33-64 never computed)"),
 ]
 
 # The GPU benchmarks' synthetic models (hip/synthetic-qwen35.py), caught by

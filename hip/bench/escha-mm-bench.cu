@@ -9,6 +9,7 @@
 #include ESCHA_SRC
 
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -32,24 +33,25 @@ struct timer {
     float stop_ms() { cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms, a, b); return ms; }
 };
 
-// ROWS rows per block: the prefill kernel escha_mm_kernel<K, NTW, ROWS/16>
-// above 16, else the token-generation kernel escha_gemv_kernel<K, NTW, ROWS/8>.
-template <int K, int NTW, int ROWS>
+// ROWS rows per block: the token-generation kernel escha_gemv_kernel<K,
+// NTW, ROWS/8> (GEMV, up to 64 rows: 16 and fewer by default), else the
+// prefill kernel escha_mm_kernel<K, NTW, ROWS/16>.
+template <int K, int NTW, int ROWS, bool GEMV = (ROWS <= 16)>
 static void (*kernel_of())(escha_mm_args) {
-    if constexpr (ROWS > 16) {
+    if constexpr (!GEMV) {
         return escha_mm_kernel<K, NTW, ROWS / 16, true>;
     } else {
         return escha_gemv_kernel<K, NTW, ROWS / 8>;
     }
 }
 
-template <int K, int NTW, int ROWS>
+template <int K, int NTW, int ROWS, bool GEMV = (ROWS <= 16)>
 static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) {
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     const int n_z = (int) ((a.n_rows + ROWS - 1) / ROWS);
     const dim3 grid(a.n_x * n_z, ksplit);
-    void (*kernel)(escha_mm_args) = kernel_of<K, NTW, ROWS>();
+    void (*kernel)(escha_mm_args) = kernel_of<K, NTW, ROWS, GEMV>();
     escha_consts_fill(a.dc);
     // checksum of one clean launch
     CUDA_CHECK(cudaMemset(a.mid, 0, a.n_rows * a.OC * sizeof(float)));
@@ -68,7 +70,7 @@ static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) 
     return ms * 1000.0f / iters;
 }
 
-template <int K, int NTW, int ROWS>
+template <int K, int NTW, int ROWS, bool GEMV = (ROWS <= 16)>
 static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     const int KT = IC / 16, NT = OC / 16;
     const size_t n_code = (size_t) KT * NT * 16 * K;
@@ -91,19 +93,19 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     a.n_x = (NT + NTW * ESCHA_WARPS - 1) / (NTW * ESCHA_WARPS);
     const int n_z = (M + ROWS - 1) / ROWS;
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<K, NTW, ROWS>(), ESCHA_THREADS, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<K, NTW, ROWS, GEMV>(), ESCHA_THREADS, 0));
     const int blocks = a.n_x * n_z;
     const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((ROWS > 16 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
     const int one_wave  = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) per_sm * nsm / blocks, KT / 8));
     const int two_waves = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) 2 * per_sm * nsm / blocks, KT / 8));
-    const int shipped   = escha_cuda_ksplit((int64_t) per_sm * nsm, blocks, KT);
+    const int shipped   = escha_cuda_ksplit((int64_t) per_sm * nsm, blocks, KT, GEMV && ROWS == 32);
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
            "two waves %d, shipped %d\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
     std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, shipped, one_wave * 4, std::max(1, KT / 16)};
     for (int ks : splits) {
         if (ks > KT / 4) continue;
         double cs;
-        const float us = time_mm<K, NTW, ROWS>(a, ks, M > 16 ? 50 : 500, &cs);
+        const float us = time_mm<K, NTW, ROWS, GEMV>(a, ks, M > 16 ? 50 : 500, &cs);
         const int chunk = (KT + ks - 1) / ks;
         const int real = (KT + chunk - 1) / chunk;
         const double w = (double) IC * OC;
@@ -172,7 +174,11 @@ int main() {
     const int nsm = p.multiProcessorCount;
     printf("%s, %d SMs\n", p.name, nsm);
     if (const char * only = getenv("ESCHA_BENCH_GEMV_ONLY")) { // one shape, for a profiler: 2 (default) or 3
-        if (only[0] == '3') {
+        if (!strcmp(only, "64")) {
+            run_shape<2, 2, 64, true>(5120, 17408, 64, nsm);
+        } else if (!strcmp(only, "32")) {
+            run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
+        } else if (only[0] == '3') {
             run_shape<3, 4, 8>(17408, 5120, 1, nsm);
         } else {
             run_shape<2, 4, 8>(5120, 17408, 1, nsm);
@@ -186,6 +192,18 @@ int main() {
         run_shape<2, 8, 8>(5120, 17408, 1, nsm);
         run_shape<3, 2, 8>(17408, 5120, 1, nsm);
         run_shape<3, 8, 8>(17408, 5120, 1, nsm);
+    }
+    if (getenv("ESCHA_BENCH_MID")) { // 32 and 64 rows on the GEMV kernel, block shapes
+        run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
+        run_shape<2, 2, 64, true>(5120, 17408, 64, nsm);
+        run_shape<2, 1, 64, true>(5120, 17408, 64, nsm);
+        run_shape<2, 4, 32, true>(5120, 17408, 64, nsm);
+        run_shape<2, 2, 32, true>(5120, 17408, 64, nsm);
+        run_shape<3, 2, 64, true>(17408, 5120, 64, nsm);
+        run_shape<3, 1, 64, true>(17408, 5120, 64, nsm);
+        run_shape<3, 4, 32, true>(17408, 5120, 64, nsm);
+        run_shape<3, 4, 32, true>(17408, 5120, 32, nsm);
+        return 0;
     }
     run_shape<2, 4, 8>(5120, 17408, 8, nsm);
     run_shape<2, 4, 16>(5120, 17408, 16, nsm);

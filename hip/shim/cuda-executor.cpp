@@ -187,8 +187,7 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
             kernel = p.fused     ? (p.ntw == 2 ? escha_gemv_kernel<K, 2, 1, true> : escha_gemv_kernel<K, 4, 1, true>)
                      : p.nb == 1 ? escha_gemv_kernel<K, 4, 1>
                      : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
-                     : p.nb == 4 ? escha_gemv_kernel<K, 4, 4>
-                                 : escha_gemv_kernel<K, 2, 8>;
+                                 : escha_gemv_kernel<K, 4, 4>;
             return true;
         case ESCHA_CUDA_MMA: kernel = escha_mm_kernel<K, 2, 4, true>; return true;
         case ESCHA_CUDA_SIMT: kernel = escha_mm_kernel<K, 2, 1, false>; return true;

@@ -421,7 +421,8 @@ impl CudaShim {
                 for (m, ksplit) in [(1, 1), (17, 1), (70, 1), (33, 4)] {
                     all.push(self.dense_case(&p, m, PREFILL, ksplit, 300 + m as u64));
                 }
-                // Parallel sequences: 32- and 64-row GEMV blocks, partial and split.
+                // Parallel sequences: 32-row GEMV blocks, partial and split;
+                // 40 and 64 rows as two row groups of them.
                 for (m, ksplit) in [(17, 1), (32, 2), (40, 1), (64, 3)] {
                     all.push(self.dense_case(&p, m, GEMV, ksplit, 150 + m as u64));
                 }
