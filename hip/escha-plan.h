@@ -41,11 +41,12 @@ static constexpr int64_t ESCHA_CUDA_DIRECT_MAX_TOKENS = 8;
 // the rows an expert gets on average); above it the tensor-core prefill
 // kernel. A GEMV block takes 8, 16 or 32 of them
 // (ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS): a dense op of 33-64 rows runs as row
-// groups of 32. On the H200 (docs/PERFORMANCE.md, hip/bench ESCHA_BENCH_MID)
-// 64 rows as one 64-row block (2 tile columns a warp, its 64 accumulators)
-// took 127 us for 5120 -> 17408 and 118 us for 17408 -> 5120, as two groups
-// of 32-row blocks 83.5 and 82.0 us (Q4_K: 94.7 and 96.6 us); the 64-row
-// block's 16 input loads per tile row a warp put the L1 at 82% of its peak.
+// groups of 32. On the H200 (docs/PERFORMANCE.md; the kernel alone, hip/bench
+// ESCHA_BENCH_MID) 64 rows as one 64-row block (2 tile columns a warp, its
+// 64 accumulators) took 127 us for 5120 -> 17408 and 118 us for 17408 ->
+// 5120, as two groups of 32-row blocks 83.5 and 82.0 us (the whole op 89.2
+// and 88.0, Q4_K 94.7 and 96.6); the 64-row block's 16 input loads a tile
+// row a warp put the L1 at 82% of its peak.
 static constexpr int64_t ESCHA_CUDA_GEMV_MAX_ROWS = 64;
 static constexpr int64_t ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS = 32;
 static_assert(ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS == 32, "escha.cu launches GEMV blocks of 1, 2 or 4 8-row blocks");
