@@ -29,7 +29,7 @@ usage:
 
   escha linear --code CODE.i16 --rin RIN.f16 --rout ROUT.f16 [--s-in S.f32] [--s-out S.f32]
                [--bias B.f16|B.f32] [--no-bias] --x X.f16|X.f32 -o Y.f16
-               [--impl reference|c|cpu] [--isa scalar|avx2|avx512|avx512fp16|neon] [--compare GOLD.f16]
+               [--impl reference|c|cpu] [--isa scalar|avx2|avx512|avx512vbmi|avx512fp16|neon|neonfp16] [--compare GOLD.f16]
       y [M, OC] = the coded linear applied to x [M, IC]; IC = len(rin), OC = len(rout).
       --impl: reference (default, the contract), c (the linked C reference) or cpu
       (the SIMD kernels; --isa picks a path, default the best of this machine).
@@ -296,7 +296,7 @@ fn impl_arg(a: &Args) -> Result<Impl> {
         None => None,
         Some(name) => match Isa::from_name(name) {
             Some(isa) => Some(isa),
-            None => return usage(format!("linear: unknown --isa {name:?} (expected scalar, avx2, avx512, avx512fp16 or neon)")),
+            None => return usage(format!("linear: unknown --isa {name:?} (expected scalar, avx2, avx512, avx512vbmi, avx512fp16, neon or neonfp16)")),
         },
     };
     match (a.get("--impl").unwrap_or("reference"), isa) {

@@ -10,9 +10,9 @@
 
 use super::batch::xh_ptrs;
 use super::tables::{group_windows, state_window, GroupWindow, EXT_WORDS};
-use super::F16_TO_F32_SCALE;
+use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
-use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
+use crate::format::{CBA_MUL, TILE};
 use core::arch::x86_64::*;
 
 type Tabs = [[GroupWindow<8>; 4]; 2];
@@ -48,13 +48,6 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
     _mm256_or_si256(_mm256_sllv_epi32(a, ld8(&gw.shl)), _mm256_srlv_epi32(b, ld8(&gw.shr)))
 }
 
-/// A hash half's mask and xor (`CBA_MASK`, `CBA_XOR`) where its sign,
-/// exponent and mantissa land as an f32's (`cb8_scaled`): sign at bit 31,
-/// the other bits 13 up. Applied after the move, they need no masked copy
-/// of the hash.
-const HALF_MASK_F32: u32 = ((CBA_MASK & 0x8000) << 16) | ((CBA_MASK & 0x7FFF) << 13);
-const HALF_XOR_F32: u32 = ((CBA_XOR & 0x8000) << 16) | ((CBA_XOR & 0x7FFF) << 13);
-const _: () = assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF, "both halves take the same mask and xor");
 
 /// Codebook values of 8 states (in the low 16 bits of each lane) times
 /// 2^-112, exactly, in integer and f32 operations alone (no f16

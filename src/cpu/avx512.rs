@@ -1,6 +1,9 @@
-//! AVX-512F path (incl. `vpternlogd` for the codebook's and+xor), and the
-//! same kernels with the codebook's f16 add done by AVX-512 FP16's `vaddph`
-//! (path `avx512fp16`: Sapphire Rapids and later). A vector
+//! AVX-512F path (incl. `vpternlogd` for the codebook's and+xor), the same
+//! kernels with the codebook's f16 add done by AVX-512 FP16's `vaddph`
+//! (path `avx512fp16`: Sapphire Rapids and later), and a GEMV for CPUs with
+//! AVX-512 BW, VBMI and VBMI2 but no FP16 (path `avx512vbmi`: Ice Lake,
+//! Zen 4 and 5) that hashes in 16-bit lanes as the FP16 one does and adds
+//! in f32 as the AVX2 path does. A vector
 //! holds 16 consecutive lanes (lanes 16g..16g+15, g = 0, 1); vector (g, j)
 //! holds value j of those lanes: rows `2*(i&3) + rj` with
 //! `rj = (j&1) + 8*((j>>1)&1)`, columns `4g + 8*(j>=4) + (i>>2)`, so each
@@ -12,7 +15,7 @@
 use super::batch::{xh_ptrs, KC};
 use super::tables::{identity, ring_windows, state_window, RingWindow};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
-use super::F16_TO_F32_SCALE;
+use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32};
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
@@ -142,11 +145,7 @@ const fn pair_ctrl(k: usize, p: usize) -> i64 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
 unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
     const { assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF) };
-    let (h, _) = state_window(K, 2 * p);
-    let s = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), w[h]);
-    let (ml, mh) = (_mm512_set1_epi16(CBA_MUL as u16 as i16), _mm512_set1_epi16((CBA_MUL >> 16) as u16 as i16));
-    let lo = _mm512_mullo_epi16(s, ml);
-    let hi = _mm512_add_epi16(_mm512_mulhi_epu16(s, ml), _mm512_mullo_epi16(s, mh));
+    let (lo, hi) = pair_hash16::<K>(w, p);
     let (m, x) = (_mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
     let sum = _mm512_add_ph(
         _mm512_castsi512_ph(_mm512_ternarylogic_epi32::<0x6A>(lo, m, x)),
@@ -157,6 +156,51 @@ unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m51
     let a = _mm512_and_si512(_mm512_srai_epi32::<3>(_mm512_slli_epi32::<16>(v)), keep);
     let b = _mm512_and_si512(_mm512_srai_epi32::<3>(v), keep);
     (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b))
+}
+
+/// The pair's states cut by one multishift and hashed in 16-bit lanes
+/// (`lo`: each state's low hash half, `hi`: its high half; value `2p` in
+/// each dword's low 16 bits, `2p + 1` in its high 16 bits), as
+/// [`pair_fp16_scaled`] makes them.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW and VBMI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair_hash16<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512i, __m512i) {
+    let (h, _) = state_window(K, 2 * p);
+    let s = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), w[h]);
+    let (ml, mh) = (_mm512_set1_epi16(CBA_MUL as u16 as i16), _mm512_set1_epi16((CBA_MUL >> 16) as u16 as i16));
+    (_mm512_mullo_epi16(s, ml), _mm512_add_epi16(_mm512_mulhi_epu16(s, ml), _mm512_mullo_epi16(s, mh)))
+}
+
+/// [`pair_fp16_scaled`]'s values without AVX-512 FP16: [`pair_hash16`]'s
+/// halves moved to where an f32 holds them (value `2p`'s, the dwords' low
+/// halves, sign-extended and shifted by 13 in one `vpmaddwd` by (2^13, 0);
+/// `2p + 1`'s, the high halves, by an arithmetic shift by 3), the
+/// codebook's mask and xor applied there by one `vpternlogd` each
+/// (`HALF_MASK_F32`, which also clears what the move brought in), then the
+/// two halves' exact f32 sum rounded to f16's 11 significant bits by
+/// Veltkamp's split, as the AVX2 path's `cb8_scaled` does (the contract's
+/// f16 add: to nearest even). No 32-bit multiply, narrowing or f16
+/// conversion, which cost several operations each on AMD's Zen 4.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW and VBMI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair_vbmi_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
+    let (lo, hi) = pair_hash16::<K>(w, p);
+    let (m, x) = (_mm512_set1_epi32(HALF_MASK_F32 as i32), _mm512_set1_epi32(HALF_XOR_F32 as i32));
+    let k13 = _mm512_set1_epi32(1 << 13);
+    let half = |v: __m512i| _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0x6A>(v, m, x));
+    let a = _mm512_add_ps(half(_mm512_madd_epi16(lo, k13)), half(_mm512_madd_epi16(hi, k13)));
+    let b = _mm512_add_ps(half(_mm512_srai_epi32::<3>(lo)), half(_mm512_srai_epi32::<3>(hi)));
+    let round = |v: __m512| {
+        let c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0));
+        _mm512_sub_ps(c, _mm512_sub_ps(c, v))
+    };
+    (round(a), round(b))
 }
 
 /// # Safety
@@ -298,24 +342,30 @@ unsafe fn tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 
     }
 }
 
-/// [`tile_fma`] with the pairs of [`pair_fp16_scaled`] (inputs times 2^112),
-/// the windows from [`group_windows_k2`] and [`group_windows_k3`].
-///
-/// # Safety
-/// 1. The CPU supports AVX-512F, BW, VBMI, VBMI2 and FP16.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16")]
-unsafe fn tile_fma_fp16<const K: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
-    for g in 0..2 {
-        let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_k2(t, g) };
-        for p in 0..4 {
-            let (a, b) = pair_fp16_scaled::<K>(&w, p);
-            let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
-            *c = _mm512_fmadd_ps(a, xv[(2 * p) & 3], *c);
-            *c = _mm512_fmadd_ps(b, xv[(2 * p + 1) & 3], *c);
+/// [`tile_fma`] with the value pairs of `$pair` (weights times 2^-112,
+/// against inputs times 2^112), the windows from [`group_windows_k2`] and
+/// [`group_windows_k3`].
+macro_rules! tile_fma_pairs {
+    ($name:ident, $feat:literal, $pair:ident) => {
+        /// # Safety
+        /// 1. The CPU supports the features `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const K: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+            for g in 0..2 {
+                let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_k2(t, g) };
+                for p in 0..4 {
+                    let (a, b) = $pair::<K>(&w, p);
+                    let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
+                    *c = _mm512_fmadd_ps(a, xv[(2 * p) & 3], *c);
+                    *c = _mm512_fmadd_ps(b, xv[(2 * p + 1) & 3], *c);
+                }
+            }
         }
-    }
+    };
 }
+tile_fma_pairs!(tile_fma_fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", pair_fp16_scaled);
+tile_fma_pairs!(tile_fma_vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", pair_vbmi_scaled);
 
 /// The kernels that decode (the GEMV, the tile decode of the batched
 /// product) of one path under the features `$feat`, as the functions
@@ -396,6 +446,8 @@ macro_rules! decode_paths {
 
 decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows);
 decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
+// The batched product's tile decode of the VBMI path is the avx512 one's.
+decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", cb16, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi);
 
 /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec`, two rows
 /// at a time against all 8 tiles of the block: per input `r`, 8 weight
@@ -540,33 +592,49 @@ mod tests {
         }
     }
 
-    /// Every one of the 65536 states through [`pair_fp16_scaled`] is the C
-    /// reference's codebook value (`cref::cb_half`) times 2^-112, bit for bit:
-    /// the bit trick needs every such sum to be zero or normal. K=2 pair 3
-    /// is states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
+    /// Every one of the 65536 states through `pair` is the C reference's
+    /// codebook value (`cref::cb_half`) times 2^-112, bit for bit: the bit
+    /// tricks need every such sum to be zero or normal. K=2 pair 3 is
+    /// states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
     /// gives state `s` (value 7) and `s >> 2` (value 6).
+    ///
+    /// # Safety
+    /// 1. The CPU supports `pair`'s features.
+    unsafe fn pair_sums_scale_exactly(what: &str, pair: unsafe fn(&[__m512i; 2], usize) -> (__m512, __m512)) {
+        let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
+        for s0 in (0..1u32 << 16).step_by(16) {
+            let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
+            let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);
+            // SAFETY: 1. is ours.
+            let w = ld16(&windows);
+            let (a, b) = pair(&[w, w], 3);
+            _mm512_storeu_ps(v6.as_mut_ptr(), a);
+            _mm512_storeu_ps(v7.as_mut_ptr(), b);
+            for i in 0..16 {
+                let s = windows[i];
+                assert_eq!(v7[i].to_bits(), want(s), "{what}: state {s:#06x} (value 7): {:e}", v7[i]);
+                assert_eq!(v6[i].to_bits(), want(s >> 2), "{what}: state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
+            }
+        }
+    }
+
     #[test]
     fn codebook_sums_scale_exactly() {
         if !Isa::Avx512Fp16.available() {
             println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI, VBMI2 or FP16");
             return;
         }
-        let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
-        for s0 in (0..1u32 << 16).step_by(16) {
-            let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
-            let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);
-            // SAFETY: the CPU has AVX-512F, BW, VBMI and FP16 (checked above).
-            unsafe {
-                let w = ld16(&windows);
-                let (a, b) = pair_fp16_scaled::<2>(&[w, w], 3);
-                _mm512_storeu_ps(v6.as_mut_ptr(), a);
-                _mm512_storeu_ps(v7.as_mut_ptr(), b);
-            }
-            for i in 0..16 {
-                let s = windows[i];
-                assert_eq!(v7[i].to_bits(), want(s), "state {s:#06x} (value 7): {:e}", v7[i]);
-                assert_eq!(v6[i].to_bits(), want(s >> 2), "state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
-            }
+        // SAFETY: the CPU has AVX-512F, BW, VBMI and FP16 (checked above).
+        unsafe { pair_sums_scale_exactly("pair_fp16_scaled", pair_fp16_scaled::<2>) };
+    }
+
+    #[test]
+    fn codebook_sums_scale_exactly_without_fp16() {
+        if !Isa::Avx512Vbmi.available() {
+            println!("codebook_sums_scale_exactly_without_fp16: skipped, this CPU lacks AVX-512 BW, VBMI or VBMI2");
+            return;
         }
+        // SAFETY: the CPU has AVX-512F, BW and VBMI (checked above).
+        unsafe { pair_sums_scale_exactly("pair_vbmi_scaled", pair_vbmi_scaled::<2>) };
     }
 }

@@ -19,6 +19,9 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512,
+    /// AVX-512 F, BW, VBMI and VBMI2 without FP16 (Ice Lake, Zen 4 and 5):
+    /// the GEMV hashes in 16-bit lanes and adds in f32.
+    Avx512Vbmi,
     /// AVX-512F with the codebook's f16 add in AVX-512 FP16.
     Avx512Fp16,
     Neon,
@@ -27,7 +30,7 @@ pub enum Isa {
 }
 
 impl Isa {
-    pub const ALL: [Isa; 6] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Fp16, Isa::Neon, Isa::NeonFp16];
+    pub const ALL: [Isa; 7] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vbmi, Isa::Avx512Fp16, Isa::Neon, Isa::NeonFp16];
 
     /// Whether this machine can run the path.
     pub fn available(self) -> bool {
@@ -39,6 +42,13 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vbmi => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vbmi")
+                    && is_x86_feature_detected!("avx512vbmi2")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => {
                 is_x86_feature_detected!("avx512f")
@@ -62,14 +72,14 @@ impl Isa {
     }
 
     /// The best available path, optionally capped by the environment
-    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512fp16`, `neon`, `neonfp16`).
+    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512vbmi`, `avx512fp16`, `neon`, `neonfp16`).
     pub fn detect() -> Isa {
         if let Ok(name) = std::env::var("ESCHA_CPU_ISA") {
             if let Some(isa) = Isa::from_name(&name).filter(|i| i.available()) {
                 return isa;
             }
         }
-        [Isa::Avx512Fp16, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
+        [Isa::Avx512Fp16, Isa::Avx512Vbmi, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
     }
 
     pub fn from_name(name: &str) -> Option<Isa> {
@@ -81,6 +91,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Vbmi => "avx512vbmi",
             Isa::Avx512Fp16 => "avx512fp16",
             Isa::Neon => "neon",
             Isa::NeonFp16 => "neonfp16",
@@ -138,6 +149,8 @@ impl Kernel {
             Isa::Avx2 => unsafe { batch::block_mid::<avx2::Avx2>(job, mid, scratch) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => unsafe { batch::block_mid::<avx512::Avx512>(job, mid, scratch) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vbmi => unsafe { batch::block_mid::<avx512::Avx512Vbmi>(job, mid, scratch) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => unsafe { batch::block_mid::<avx512::Avx512Fp16>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]

@@ -44,7 +44,7 @@ pub use engine::{CpuEngine, ExpertGroups, Slots};
 pub use job::{split, xh_index, BLOCK_COLS, BLOCK_TILES};
 pub use linear::CpuLinear;
 
-use crate::format::TILE;
+use crate::format::{CBA_MASK, CBA_XOR, TILE};
 use crate::transform::input_transform;
 
 /// 2^112: f32's exponent bias less f16's. An f16 value's bits placed as
@@ -52,6 +52,18 @@ use crate::transform::input_transform;
 /// scale their inputs by it instead of converting every weight.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
+
+/// A hash half's mask and xor (`CBA_MASK`, `CBA_XOR`) where its sign,
+/// exponent and mantissa land as an f32's (the AVX2 `cb8_scaled`, the
+/// AVX-512 `pair_vbmi_scaled`): sign at bit 31, the other bits 13 up.
+/// Applied after the move, they need no masked copy of the hash, and the
+/// mask clears what the move brought in (the sign's copies, the other
+/// half's bits).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const HALF_MASK_F32: u32 = ((CBA_MASK & 0x8000) << 16) | ((CBA_MASK & 0x7FFF) << 13);
+#[cfg(target_arch = "x86_64")]
+pub(crate) const HALF_XOR_F32: u32 = ((CBA_XOR & 0x8000) << 16) | ((CBA_XOR & 0x7FFF) << 13);
+const _: () = assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF, "both halves take the same mask and xor");
 
 /// Phase 1 for one row: `xh` (tile-row major, `n_rows` rows) gets the
 /// f16-rounded transform of `x_row` scaled by `rin_eff`.
