@@ -596,45 +596,40 @@ mod tests {
     /// codebook value (`cref::cb_half`) times 2^-112, bit for bit: the bit
     /// tricks need every such sum to be zero or normal. K=2 pair 3 is
     /// states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
-    /// gives state `s` (value 7) and `s >> 2` (value 6).
-    ///
-    /// # Safety
-    /// 1. The CPU supports `pair`'s features.
-    unsafe fn pair_sums_scale_exactly(what: &str, pair: unsafe fn(&[__m512i; 2], usize) -> (__m512, __m512)) {
+    /// gives state `s` (value 7) and `s >> 2` (value 6). Skipped, with a
+    /// note, where the CPU lacks `isa`, whose features `pair` needs.
+    fn pair_sums_scale_exactly(test: &str, isa: Isa, pair: unsafe fn(&[__m512i; 2], usize) -> (__m512, __m512)) {
+        if !isa.available() {
+            println!("{test}: skipped, this CPU cannot run the {} path", isa.name());
+            return;
+        }
         let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
         for s0 in (0..1u32 << 16).step_by(16) {
             let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
             let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);
-            // SAFETY: 1. is ours.
-            let w = ld16(&windows);
-            let (a, b) = pair(&[w, w], 3);
-            _mm512_storeu_ps(v6.as_mut_ptr(), a);
-            _mm512_storeu_ps(v7.as_mut_ptr(), b);
+            // SAFETY: the CPU has `isa`'s features (checked above), which
+            // include AVX-512F and all `pair` needs.
+            unsafe {
+                let w = ld16(&windows);
+                let (a, b) = pair(&[w, w], 3);
+                _mm512_storeu_ps(v6.as_mut_ptr(), a);
+                _mm512_storeu_ps(v7.as_mut_ptr(), b);
+            }
             for i in 0..16 {
                 let s = windows[i];
-                assert_eq!(v7[i].to_bits(), want(s), "{what}: state {s:#06x} (value 7): {:e}", v7[i]);
-                assert_eq!(v6[i].to_bits(), want(s >> 2), "{what}: state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
+                assert_eq!(v7[i].to_bits(), want(s), "{test}: state {s:#06x} (value 7): {:e}", v7[i]);
+                assert_eq!(v6[i].to_bits(), want(s >> 2), "{test}: state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
             }
         }
     }
 
     #[test]
     fn codebook_sums_scale_exactly() {
-        if !Isa::Avx512Fp16.available() {
-            println!("codebook_sums_scale_exactly: skipped, this CPU lacks AVX-512 BW, VBMI, VBMI2 or FP16");
-            return;
-        }
-        // SAFETY: the CPU has AVX-512F, BW, VBMI and FP16 (checked above).
-        unsafe { pair_sums_scale_exactly("pair_fp16_scaled", pair_fp16_scaled::<2>) };
+        pair_sums_scale_exactly("codebook_sums_scale_exactly", Isa::Avx512Fp16, pair_fp16_scaled::<2>);
     }
 
     #[test]
     fn codebook_sums_scale_exactly_without_fp16() {
-        if !Isa::Avx512Vbmi.available() {
-            println!("codebook_sums_scale_exactly_without_fp16: skipped, this CPU lacks AVX-512 BW, VBMI or VBMI2");
-            return;
-        }
-        // SAFETY: the CPU has AVX-512F, BW and VBMI (checked above).
-        unsafe { pair_sums_scale_exactly("pair_vbmi_scaled", pair_vbmi_scaled::<2>) };
+        pair_sums_scale_exactly("codebook_sums_scale_exactly_without_fp16", Isa::Avx512Vbmi, pair_vbmi_scaled::<2>);
     }
 }
