@@ -326,18 +326,21 @@ unsafe fn reduce(acc: &[__m512; 4], mid: &mut [f32]) {
     }
 }
 
-/// Decodes one tile against one row's input vectors: `acc[g*2 + (j>>2)]`.
+/// Decodes one tile against R rows' input vectors: `acc[r][g*2 + (j>>2)]`.
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_fma<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+unsafe fn tile_fma<const K: usize, const R: usize>(t: &[__m512i; 2], tabs: &Tabs, xv: &[[__m512; 4]; R], acc: &mut [[__m512; 4]; R]) {
     for g in 0..2 {
         let w = group_windows_of::<K>(t, tabs, g);
         for j in 0..8 {
-            let a = &mut acc[g * 2 + (j >> 2)];
-            *a = _mm512_fmadd_ps(cb16(states::<K>(&w, j)), xv[j & 3], *a);
+            let v = cb16(states::<K>(&w, j));
+            for r in 0..R {
+                let a = &mut acc[r][g * 2 + (j >> 2)];
+                *a = _mm512_fmadd_ps(v, xv[r][j & 3], *a);
+            }
         }
     }
 }
@@ -351,14 +354,16 @@ macro_rules! tile_fma_pairs {
         /// 1. The CPU supports the features `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn $name<const K: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[__m512; 4], acc: &mut [__m512; 4]) {
+        unsafe fn $name<const K: usize, const R: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[[__m512; 4]; R], acc: &mut [[__m512; 4]; R]) {
             for g in 0..2 {
                 let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_k2(t, g) };
                 for p in 0..4 {
                     let (a, b) = $pair::<K>(&w, p);
-                    let c = &mut acc[g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
-                    *c = _mm512_fmadd_ps(a, xv[(2 * p) & 3], *c);
-                    *c = _mm512_fmadd_ps(b, xv[(2 * p + 1) & 3], *c);
+                    for r in 0..R {
+                        let c = &mut acc[r][g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
+                        *c = _mm512_fmadd_ps(a, xv[r][(2 * p) & 3], *c);
+                        *c = _mm512_fmadd_ps(b, xv[r][(2 * p + 1) & 3], *c);
+                    }
                 }
             }
         }
@@ -373,25 +378,45 @@ tile_fma_pairs!(tile_fma_vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", pair_v
 /// (its values are the weights times 1 / `$xscale`), the tile decode with
 /// `$cb` (exact values); the batched product's `rows_fma` is shared.
 macro_rules! decode_paths {
-    ($isa:ident, $feat:literal, $cb:ident, $tile_fma:ident, $xscale:expr, $gemv:ident, $decode_rows:ident) => {
+    ($isa:ident, $feat:literal, $cb:ident, $tile_fma:ident, $xscale:expr, $gemv:ident, $decode_rows:ident, $gemv_rows:expr) => {
+        /// `mid [rows, 128]` of the rows `job.rows` (1 to `$gemv_rows`):
+        /// every tile decoded once, in registers, and applied to each row.
+        ///
         /// # Safety
         /// 1. The CPU supports the path's features (`$feat`).
         /// 2. `job` is consistent (checked by `Kernel::block_mid`).
+        /// 3. `job.rows.len()` is 1 to `$gemv_rows`.
         #[target_feature(enable = $feat)]
         unsafe fn $gemv<const K: usize>(job: &BlockJob, mid: &mut [f32]) {
-            let tabs = if K == 2 { &TAB2 } else { &TAB3 };
-            let mut acc = [[_mm512_setzero_ps(); 4]; BLOCK_TILES];
-            for kt in 0..job.kt_n() {
-                job.prefetch_tile_row(kt + PREFETCH_ROWS);
-                // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
-                let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr(), $xscale);
-                for (tl, a) in acc.iter_mut().enumerate() {
-                    let t = tile_words::<K>(job, kt, job.block * BLOCK_TILES + tl);
-                    $tile_fma::<K>(&t, tabs, &xv, a);
+            /// # Safety
+            /// `$gemv`'s, and `job.rows.len() == R`.
+            #[target_feature(enable = $feat)]
+            unsafe fn rows<const K: usize, const R: usize>(job: &BlockJob, mid: &mut [f32]) {
+                debug_assert_eq!(job.rows.len(), R);
+                let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+                let mut acc = [[[_mm512_setzero_ps(); 4]; R]; BLOCK_TILES];
+                for kt in 0..job.kt_n() {
+                    job.prefetch_tile_row(kt + PREFETCH_ROWS);
+                    // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
+                    let xv: [[__m512; 4]; R] = core::array::from_fn(|r| xvecs(job.xh_tile(job.rows[r], kt).as_ptr(), $xscale));
+                    for (tl, a) in acc.iter_mut().enumerate() {
+                        let t = tile_words::<K>(job, kt, job.block * BLOCK_TILES + tl);
+                        $tile_fma::<K, R>(&t, tabs, &xv, a);
+                    }
+                }
+                for (tl, a) in acc.iter().enumerate() {
+                    for (r, ar) in a.iter().enumerate() {
+                        reduce(ar, &mut mid[r * BLOCK_COLS + tl * TILE..][..TILE]);
+                    }
                 }
             }
-            for (tl, a) in acc.iter().enumerate() {
-                reduce(a, &mut mid[tl * TILE..(tl + 1) * TILE]);
+            const { assert!($gemv_rows >= 1 && $gemv_rows <= 4, "the arms below cover 1 to 4 rows") };
+            // SAFETY: rows' conditions are ours (3. picks the arm).
+            match job.rows.len() {
+                1 => rows::<K, 1>(job, mid),
+                2 if $gemv_rows >= 2 => rows::<K, 2>(job, mid),
+                3 if $gemv_rows >= 3 => rows::<K, 3>(job, mid),
+                _ => rows::<K, 4>(job, mid),
             }
         }
 
@@ -440,14 +465,23 @@ macro_rules! decode_paths {
             }
         }
 
-        super::batch::tile_ops!($isa, $gemv, $decode_rows, rows_fma);
+        super::batch::tile_ops!($isa, $gemv, $decode_rows, rows_fma, $gemv_rows);
     };
 }
 
-decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows);
-decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16);
+decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows, GEMV_ROWS);
+// Rows of the FP16 path's GEMV: 1, as it was measured (no FP16 CPU here to time more).
+decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, 1);
 // The batched product's tile decode of the VBMI path is the avx512 one's.
-decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", cb16, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi);
+decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", cb16, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi, GEMV_ROWS);
+
+/// Rows up to which the GEMVs of the avx512 and avx512vbmi paths, decoding
+/// in registers, take a multiply instead of the batched product's decode
+/// to memory. On Zen 4, one thread, 17408 -> 5120 K=2 (docs/PERFORMANCE.md):
+/// avx512vbmi 7.4, 8.0-8.4 and 9.4 ms at 2, 3 and 4 rows against the batched
+/// product's 14.4-15.8 ms (14.6 at 5 rows); avx512 10.4, 11.6-11.7 and 12.5
+/// against 14.7-15.7.
+const GEMV_ROWS: usize = 4;
 
 /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec`, two rows
 /// at a time against all 8 tiles of the block: per input `r`, 8 weight
