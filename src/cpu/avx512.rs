@@ -183,7 +183,8 @@ unsafe fn pair_hash16<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512i, _
 /// two halves' exact f32 sum rounded to f16's 11 significant bits by
 /// Veltkamp's split, as the AVX2 path's `cb8_scaled` does (the contract's
 /// f16 add: to nearest even). No 32-bit multiply, narrowing or f16
-/// conversion, which cost several operations each on AMD's Zen 4.
+/// conversion, which cost more than simple operations (measured on an AMD
+/// Zen 5: 1.5x faster than the avx512 path at batch 1, docs/PERFORMANCE.md).
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F, BW and VBMI.
@@ -477,7 +478,7 @@ decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", cb16, tile_
 
 /// Rows up to which the GEMVs of the avx512 and avx512vbmi paths, decoding
 /// in registers, take a multiply instead of the batched product's decode
-/// to memory. On Zen 4, one thread, 17408 -> 5120 K=2 (docs/PERFORMANCE.md):
+/// to memory. On a Zen 5, one thread, 17408 -> 5120 K=2 (docs/PERFORMANCE.md):
 /// avx512vbmi 7.4, 8.0-8.4 and 9.4 ms at 2, 3 and 4 rows against the batched
 /// product's 14.4-15.8 ms (14.6 at 5 rows); avx512 10.4, 11.6-11.7 and 12.5
 /// against 14.7-15.7.
