@@ -144,7 +144,6 @@ const fn pair_ctrl(k: usize, p: usize) -> i64 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
 unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
-    const { assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF) };
     let (lo, hi) = pair_hash16::<K>(w, p);
     let (m, x) = (_mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
     let sum = _mm512_add_ph(
@@ -415,8 +414,8 @@ macro_rules! decode_paths {
             // SAFETY: rows' conditions are ours (3. picks the arm).
             match job.rows.len() {
                 1 => rows::<K, 1>(job, mid),
-                2 if $gemv_rows >= 2 => rows::<K, 2>(job, mid),
-                3 if $gemv_rows >= 3 => rows::<K, 3>(job, mid),
+                2 => rows::<K, 2>(job, mid),
+                3 => rows::<K, 3>(job, mid),
                 _ => rows::<K, 4>(job, mid),
             }
         }

@@ -50,13 +50,7 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vbmi2")
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Fp16 => {
-                is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vbmi")
-                    && is_x86_feature_detected!("avx512vbmi2")
-                    && is_x86_feature_detected!("avx512fp16")
-            }
+            Isa::Avx512Fp16 => Isa::Avx512Vbmi.available() && is_x86_feature_detected!("avx512fp16"),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[cfg(target_arch = "aarch64")]
