@@ -3,9 +3,16 @@
 //! `xh = f16(H128(x * rin_eff) * RS)` and the output transform
 //! `y = f16((H128(mid) * RS) * rout_eff)` (+ bias), with the contract's
 //! rounding points (`docs/FORMAT.md` §5).
+//!
+//! f16 conversions go a slice at a time (`half`'s slice conversions: F16C
+//! or NEON FP16 8 or 4 values an instruction, checked once a slice), not a
+//! value at a time: on a small model the per-value calls were 3% of a
+//! token (docs/PERFORMANCE.md). Both round to nearest even, as the
+//! contract's f16 does, so the values are the same.
 
-use crate::hadamard::{h128, RS};
+use crate::hadamard::{h128, N, RS};
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 /// `rin_eff = f32(rin) * f32(s_in)`, `rout_eff = f32(rout) * f32(s_out)`;
 /// an absent scale leaves the vector as it is. Kept in f32 on purpose.
@@ -22,9 +29,9 @@ pub fn fold(r: &[f16], s: Option<&[f32]>) -> Vec<f32> {
 
 /// [`fold`] into a caller's buffer (`out.len() == r.len()`).
 pub fn fold_into(r: &[f16], s: Option<&[f32]>, out: &mut [f32]) {
-    match s {
-        Some(s) => out.iter_mut().zip(r.iter().zip(s)).for_each(|(o, (r, s))| *o = r.to_f32() * s),
-        None => out.iter_mut().zip(r).for_each(|(o, r)| *o = r.to_f32()),
+    r.convert_to_f32_slice(out);
+    if let Some(s) = s {
+        out.iter_mut().zip(s).for_each(|(o, s)| *o *= s);
     }
 }
 
@@ -36,21 +43,23 @@ pub fn input_transform(x: &[f32], rin_eff: &[f32], xh: &mut [f32]) {
     }
     h128(xh);
     for v in xh.iter_mut() {
-        *v = round_f16(*v * RS);
+        *v *= RS;
     }
+    round_f16_slice(xh);
 }
 
 /// `y = f16((H128(mid) * RS) * rout_eff)`, then `y = f16(y + bias)` if a
 /// bias is given. `mid` is consumed as scratch.
 pub fn output_transform(mid: &mut [f32], rout_eff: &[f32], bias: Option<&[f32]>, y: &mut [f16]) {
     h128(mid);
-    for (c, (o, &m)) in y.iter_mut().zip(mid.iter()).enumerate() {
-        let mut v = f16::from_f32((m * RS) * rout_eff[c]);
-        if let Some(b) = bias {
-            v = f16::from_f32(v.to_f32() + b[c]);
-        }
-        *o = v;
+    for (m, &r) in mid.iter_mut().zip(rout_eff) {
+        *m = (*m * RS) * r;
     }
+    if let Some(b) = bias {
+        round_f16_slice(mid);
+        mid.iter_mut().zip(b).for_each(|(m, b)| *m += b);
+    }
+    y.convert_from_f32_slice(mid);
 }
 
 /// f32 -> nearest f16 (RNE) -> f32.
@@ -59,3 +68,13 @@ pub fn round_f16(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
 
+/// [`round_f16`] of every value, a block of [`N`] at a time through a
+/// stack buffer.
+pub fn round_f16_slice(v: &mut [f32]) {
+    let mut h = [f16::ZERO; N];
+    for c in v.chunks_mut(N) {
+        let h = &mut h[..c.len()];
+        h.convert_from_f32_slice(c);
+        h.convert_to_f32_slice(c);
+    }
+}

@@ -6,6 +6,7 @@ use super::batch;
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
 use super::scalar;
 use crate::transform::output_transform;
+use half::slice::HalfFloatSliceExt;
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
@@ -178,9 +179,7 @@ impl Kernel {
             for (i, &row) in job.rows.iter().enumerate() {
                 let mrow = &mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS];
                 output_transform(mrow, &rout_eff[cols.clone()], bias.map(|b| &b[cols.clone()]), &mut y16);
-                for (o, v) in out.iter_mut().zip(&y16) {
-                    *o = v.to_f32();
-                }
+                y16.convert_to_f32_slice(&mut out);
                 write(row, c0, &out);
             }
         }
