@@ -129,6 +129,29 @@ impl Kernel {
         isa.available().then_some(Kernel { isa })
     }
 
+    /// Rows up to which this path's block product takes its GEMV, which
+    /// sums in another order than the batched product: a row's outputs are
+    /// the same bits whatever rows share its call only where both calls
+    /// take the same side of this (0: one order for every row count).
+    pub(crate) fn gemv_rows(&self) -> usize {
+        use batch::TileOps;
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::Avx2::GEMV_ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::Avx512::GEMV_ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vbmi => avx512::Avx512Vbmi::GEMV_ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Fp16 => avx512::Avx512Fp16::GEMV_ROWS,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => neon::Neon::GEMV_ROWS,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonFp16 => neon::NeonFp16::GEMV_ROWS,
+            _ => 0,
+        }
+    }
+
     /// `mid [rows, 128]` of one block (scratch from [`scratch_floats`]).
     pub(crate) fn block_mid(&self, job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
         assert!(job.block * BLOCK_TILES < job.nt_n());

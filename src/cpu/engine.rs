@@ -171,14 +171,17 @@ impl<'a> CpuEngine<'a> {
     }
 
     /// Phase 2, share `ith` of `nth` of the (used expert, output block)
-    /// units: products and output transforms into `y [slots, OC]`.
+    /// units (and of the rows of a dense batch's blocks left over after an
+    /// even split): products and output transforms into `y [slots, OC]`.
     ///
     /// # Safety
     /// 1. `y` is valid for writes of `groups.slots.len() * OC` floats (one
     ///    row per slot).
     /// 2. Concurrent callers pass the same `groups` and `nth` and distinct
     ///    `ith`, and `groups` lists each slot once (as [`ExpertGroups::new`]
-    ///    builds it): they then write disjoint (expert, block) units of `y`.
+    ///    builds it): they then write disjoint (expert, block) units of `y`,
+    ///    or disjoint rows of one (a dense batch's blocks left over after an
+    ///    even split).
     /// 3. Nothing else reads or writes `y` until every caller has finished.
     /// 4. `xh` is complete: every caller's phase 1 has finished.
     pub unsafe fn compute_shared(&self, xh: &[f32], groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
@@ -188,25 +191,45 @@ impl<'a> CpuEngine<'a> {
         assert!(xh.len() >= n_slots * ic, "{}: xh too short", self.name);
         assert!(scratch.len() >= self.scratch_floats(groups), "{}: scratch too small", self.name);
         let used: Vec<usize> = (0..n_exp).filter(|&e| !groups.of(e).is_empty()).collect();
-        let mine = split(used.len() * nb, ith, nth);
+        let n_units = used.len() * nb;
+        // A dense batch whose blocks do not divide evenly over the threads:
+        // the last n_units % nth blocks go to every thread, each with its
+        // share of the rows; the rest go whole, as in every other call.
+        // Each row's outputs are the same bits either way: every share is
+        // above the rows the ISA path's GEMV takes, so the whole and each
+        // share run the batched product, whose sums are per row (Gemma-3's
+        // 640 outputs are 5 blocks: at 2 threads 3 against 2 before).
+        let share_min = self.kernel.gemv_rows() + 1;
+        let tail = if used.len() == 1 && nth > 1 && n_slots >= share_min * nth { n_units % nth } else { 0 };
+        let mine = split(n_units - tail, ith, nth);
         let mut rout_eff = vec![0f32; oc];
-        let mut unit = mine.start;
-        while unit < mine.end {
-            let e = used[unit / nb];
-            let b0 = unit % nb;
-            let b1 = nb.min(b0 + (mine.end - unit));
-            let lin = self.moe.expert(e);
-            let cols = b0 * BLOCK_COLS..b1 * BLOCK_COLS;
-            let so = lin.s_out.map(|s| &s[cols.clone()]);
-            fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
-            let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows: groups.of(e), block: 0 };
-            self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
-                // SAFETY: 1. row < slots (asserted by `Kernel::block_mid`)
-                // and c0 + 128 <= OC; 2. and 3. no one else writes these
-                // 128 floats of row `row`.
-                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(row * oc + c0), v.len()) }
-            });
-            unit += b1 - b0;
-        }
+        let mut run = |units: std::ops::Range<usize>, row_share: bool| {
+            let mut unit = units.start;
+            while unit < units.end {
+                let e = used[unit / nb];
+                let b0 = unit % nb;
+                let b1 = nb.min(b0 + (units.end - unit));
+                unit += b1 - b0;
+                let rows = groups.of(e);
+                let rows = if row_share { &rows[split(rows.len(), ith, nth)] } else { rows };
+                if rows.is_empty() {
+                    continue;
+                }
+                let lin = self.moe.expert(e);
+                let cols = b0 * BLOCK_COLS..b1 * BLOCK_COLS;
+                let so = lin.s_out.map(|s| &s[cols.clone()]);
+                fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
+                let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows, block: 0 };
+                self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
+                    // SAFETY: 1. row < slots (asserted by `Kernel::block_mid`)
+                    // and c0 + 128 <= OC; 2. and 3. no one else writes these
+                    // 128 floats of row `row` (whole units are one caller's;
+                    // a tail unit's rows are split over the callers).
+                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(row * oc + c0), v.len()) }
+                });
+            }
+        };
+        run(mine, false);
+        run(n_units - tail..n_units, true);
     }
 }
