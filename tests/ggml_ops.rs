@@ -55,6 +55,28 @@ fn linear_through_ggml_matches_references() {
     }
 }
 
+/// ggml's CPU backend on 1 to 6 threads where the output blocks do not
+/// divide evenly over them (640 outputs are 5 blocks, 128 one): at one row
+/// the leftover blocks are split by tiles (a barrier, then their output
+/// transforms), at 24 rows by rows; every thread count gives the bits of
+/// the crate's own driver on one thread.
+#[test]
+fn linear_through_ggml_on_many_threads() {
+    for (i, (k, ic, oc)) in [(2, 256, 640), (3, 128, 128)].into_iter().enumerate() {
+        let p = Problem::new(950 + i as u64, k, ic, oc, true, true);
+        let lin = CpuLinear::new(&p.linear(), Kernel::best()).unwrap();
+        for m in [1, 24] {
+            let x = p.input(5, m);
+            let (mut xh, mut y, mut scratch) = (vec![0f32; m * ic], vec![0f32; m * oc], vec![0f32; lin.scratch_floats(m)]);
+            lin.forward_into(&x, m, &mut xh, &mut y, &mut scratch);
+            for threads in 1..=6 {
+                let got = ggml_linear(&Backend::cpu(threads).unwrap(), &p, &x, m).unwrap();
+                assert_eq!(f32_bits_of(&got), f32_bits_of(&y), "k={k} {ic}x{oc} m={m} on {threads} threads: other bits than one thread");
+            }
+        }
+    }
+}
+
 #[test]
 fn moe_through_ggml_matches_references() {
     moe_through_ggml(2);

@@ -49,11 +49,18 @@ size_t escha_rs_work_size(int64_t ic, int64_t oc, int64_t n_slots, int32_t n_thr
 /* Whether a call with n_slots slots runs in one pass (phase 0, no barrier). */
 bool escha_rs_single_pass(int64_t n_slots);
 
+/* Whether a one-pass call on n_threads threads also runs phase 3 after a
+ * barrier: its output blocks do not divide evenly over the threads, so the
+ * leftover blocks' tiles are split over them in phase 0 and their output
+ * transform waits for all of them. */
+bool escha_rs_one_row_tail(int64_t oc, int64_t n_slots, int32_t n_threads);
+
 /*
  * Phase 1 (input transform, split over slots) or 2 (products and output
  * transform, split over output blocks); every thread calls phase 1, then a
  * barrier, then phase 2; or, where escha_rs_single_pass says so, phase 0
- * alone (each thread transforms every input itself). wdata is the op's
+ * (each thread transforms every input itself), and where
+ * escha_rs_one_row_tail says so a barrier and phase 3. wdata is the op's
  * work buffer shared by all threads.
  */
 int32_t escha_rs_forward(const escha_op_desc * desc, int32_t phase, int32_t ith, int32_t nth,

@@ -118,15 +118,21 @@ extern "C" void ggml_compute_forward_escha(const ggml_compute_params * params, g
         escha_forward_ref(op, d, params->ith, params->nth);
         return;
     }
-    // One pass needs no barrier: every thread transforms the inputs itself.
+    // One pass needs no barrier (every thread transforms the inputs
+    // itself) unless its leftover output blocks are split by tiles (phase 3
+    // then transforms them once all are summed).
     const bool single = escha_rs_single_pass(op.n_slots);
-    for (int32_t phase = single ? 0 : 1; phase <= (single ? 0 : 2); phase++) {
+    const int32_t one_pass[] = { 0, 3 };
+    const int32_t two_pass[] = { 1, 2 };
+    const int n = single ? (escha_rs_one_row_tail(op.oc, op.n_slots, params->nth) ? 2 : 1) : 2;
+    for (int i = 0; i < n; i++) {
+        if (i > 0) {
+            ggml_barrier(params->threadpool);
+        }
+        const int32_t phase = single ? one_pass[i] : two_pass[i];
         const int32_t rc = escha_rs_forward(&d, phase, params->ith, params->nth, params->wdata, params->wsize);
         if (rc != ESCHA_RS_OK) {
             GGML_ABORT("%s (%s): %s", ggml_op_name(dst->op), dst->src[0]->name, escha_rs_error(rc));
-        }
-        if (phase == 1) {
-            ggml_barrier(params->threadpool);
         }
     }
 }

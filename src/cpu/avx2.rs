@@ -204,23 +204,27 @@ unsafe fn gemv_rows<const K: usize, const R: usize>(job: &BlockJob, mid: &mut [f
     // from the several stores that made it, and stalls.
     let mut ext = [[0u32; EXT_WORDS]; 2];
     let nt0 = job.block * BLOCK_TILES;
-    job.load_ext::<K>(0, nt0, &mut ext[0]);
+    let tiles = job.tile_range();
+    job.load_ext::<K>(0, nt0 + tiles.start, &mut ext[0]);
+    let mut cur_slot = 0; // which copy holds the current tile
     for kt in 0..job.kt_n() {
         job.prefetch_tile_row(kt + PREFETCH_ROWS);
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv: [[__m256; 4]; R] = core::array::from_fn(|r| xvecs(job.xh_tile(job.rows[r], kt).as_ptr()));
-        for (tl, a) in acc.iter_mut().enumerate() {
+        for tl in tiles.clone() {
             let [e0, e1] = &mut ext;
-            let (cur, next) = if tl % 2 == 0 { (&*e0, e1) } else { (&*e1, e0) };
-            if tl + 1 < BLOCK_TILES {
+            let (cur, next) = if cur_slot == 0 { (&*e0, e1) } else { (&*e1, e0) };
+            if tl + 1 < tiles.end {
                 job.load_ext::<K>(kt, nt0 + tl + 1, next);
             } else if kt + 1 < job.kt_n() {
-                job.load_ext::<K>(kt + 1, nt0, next);
+                job.load_ext::<K>(kt + 1, nt0 + tiles.start, next);
             }
-            tile_fma::<K, R>(cur, tabs, &xv, a);
+            tile_fma::<K, R>(cur, tabs, &xv, &mut acc[tl]);
+            cur_slot ^= 1;
         }
     }
-    for (tl, a) in acc.iter().enumerate() {
+    for tl in tiles {
+        let a = &acc[tl];
         for (r, ar) in a.iter().enumerate() {
             reduce(ar, &mut mid[r * BLOCK_COLS + tl * TILE..][..TILE]);
         }

@@ -399,13 +399,13 @@ macro_rules! decode_paths {
                     job.prefetch_tile_row(kt + PREFETCH_ROWS);
                     // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
                     let xv: [[__m512; 4]; R] = core::array::from_fn(|r| xvecs(job.xh_tile(job.rows[r], kt).as_ptr(), $xscale));
-                    for (tl, a) in acc.iter_mut().enumerate() {
+                    for tl in job.tile_range() {
                         let t = tile_words::<K>(job, kt, job.block * BLOCK_TILES + tl);
-                        $tile_fma::<K, R>(&t, tabs, &xv, a);
+                        $tile_fma::<K, R>(&t, tabs, &xv, &mut acc[tl]);
                     }
                 }
-                for (tl, a) in acc.iter().enumerate() {
-                    for (r, ar) in a.iter().enumerate() {
+                for tl in job.tile_range() {
+                    for (r, ar) in acc[tl].iter().enumerate() {
                         reduce(ar, &mut mid[r * BLOCK_COLS + tl * TILE..][..TILE]);
                     }
                 }

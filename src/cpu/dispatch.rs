@@ -3,7 +3,7 @@
 //! only after checking that the CPU has it.
 
 use super::batch;
-use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::job::{BlockJob, ALL_TILES, BLOCK_COLS, BLOCK_TILES};
 use super::scalar;
 use crate::transform::output_transform;
 use half::slice::HalfFloatSliceExt;
@@ -157,6 +157,11 @@ impl Kernel {
         assert!(job.block * BLOCK_TILES < job.nt_n());
         assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
         assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);
+        assert!(job.tiles.0 < job.tiles.1 && job.tiles.1 <= BLOCK_TILES);
+        assert!(
+            job.tiles == ALL_TILES || self.isa == Isa::Scalar || job.rows.len() <= self.gemv_rows(),
+            "a part of a block's tiles goes to the GEMV only"
+        );
         mid.fill(0.0);
         match self.isa {
             // SAFETY (batch::block_mid's list): 1. a Kernel of a SIMD ISA
@@ -193,18 +198,24 @@ impl Kernel {
     ) {
         let m = job.rows.len();
         let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
-        let mut y16 = [half::f16::ZERO; BLOCK_COLS];
         let mut out = [0f32; BLOCK_COLS];
         for block in blocks {
             let c0 = block * BLOCK_COLS;
-            let cols = c0..c0 + BLOCK_COLS;
             self.block_mid(&BlockJob { block, ..job }, mid, rest);
             for (i, &row) in job.rows.iter().enumerate() {
-                let mrow = &mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS];
-                output_transform(mrow, &rout_eff[cols.clone()], bias.map(|b| &b[cols.clone()]), &mut y16);
-                y16.convert_to_f32_slice(&mut out);
+                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], block, rout_eff, bias, &mut out);
                 write(row, c0, &out);
             }
         }
     }
+}
+
+/// The output transform (+ bias) of one row's `mid` of output block
+/// `block` (consumed as scratch), widened to f32 in `out`; `rout_eff` and
+/// `bias` cover all outputs.
+pub(crate) fn finish_block(mid: &mut [f32], block: usize, rout_eff: &[f32], bias: Option<&[f32]>, out: &mut [f32; BLOCK_COLS]) {
+    let cols = block * BLOCK_COLS..(block + 1) * BLOCK_COLS;
+    let mut y16 = [half::f16::ZERO; BLOCK_COLS];
+    output_transform(mid, &rout_eff[cols.clone()], bias.map(|b| &b[cols]), &mut y16);
+    y16.convert_to_f32_slice(out);
 }

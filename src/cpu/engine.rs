@@ -7,8 +7,10 @@
 //! rows. Scales are folded on the fly (per slot on the input side, per
 //! 128-column block on the output side), so nothing per expert is stored.
 
-use super::job::{split, BlockJob, BLOCK_COLS};
+use super::job::{split, BlockJob, ALL_TILES, BLOCK_COLS, BLOCK_TILES};
+use super::dispatch::finish_block;
 use super::{input_transform_row, scratch_floats, Kernel};
+use crate::format::TILE;
 use crate::error::Result;
 use crate::reference::{Moe, Routing};
 use crate::transform::fold_into;
@@ -185,6 +187,90 @@ impl<'a> CpuEngine<'a> {
     /// 3. Nothing else reads or writes `y` until every caller has finished.
     /// 4. `xh` is complete: every caller's phase 1 has finished.
     pub unsafe fn compute_shared(&self, xh: &[f32], groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
+        // SAFETY: our 1. to 4.; no one-row tail.
+        unsafe { self.compute_units(xh, groups, y, ith, nth, scratch, None) }
+    }
+
+    /// [`Self::compute_shared`] of a call of one slot, each thread with its
+    /// own `xh`, where the output blocks do not divide evenly over the
+    /// threads: the last [`one_row_tail`] blocks are split by tiles, each
+    /// thread's tiles summed into `tail_mid [tail, 128]`, and
+    /// [`Self::finish_one_row_shared`] applies their output transform once
+    /// every caller is done. A tile's sums are the same whichever thread
+    /// takes it, so the outputs are the same bits at any thread count.
+    ///
+    /// # Safety
+    /// [`Self::compute_shared`]'s 1. to 3., and:
+    /// 4. `xh` holds the slot's transformed inputs.
+    /// 5. `tail_mid` is valid for writes of `one_row_tail * 128` floats,
+    ///    shared by the callers (each writes its own tiles' columns) and by
+    ///    nothing else until [`Self::finish_one_row_shared`] has run.
+    pub unsafe fn compute_one_row_shared(
+        &self,
+        xh: &[f32],
+        groups: &ExpertGroups,
+        y: *mut f32,
+        ith: usize,
+        nth: usize,
+        scratch: &mut [f32],
+        tail_mid: *mut f32,
+    ) {
+        assert_eq!(groups.slots.len(), 1, "{}: one slot", self.name);
+        // SAFETY: our 1. to 5.
+        unsafe { self.compute_units(xh, groups, y, ith, nth, scratch, Some(tail_mid)) }
+    }
+
+    /// The one-row tail's output transforms (after every caller's
+    /// [`Self::compute_one_row_shared`]): thread `ith`'s share of the tail
+    /// blocks, from `tail_mid` into `y`.
+    ///
+    /// # Safety
+    /// 1. to 3. as [`Self::compute_one_row_shared`]'s (the same `groups`,
+    ///    `nth` and `y`), and every caller's `compute_one_row_shared` has
+    ///    finished.
+    /// 2. `tail_mid` is what those calls wrote; callers of distinct `ith`
+    ///    read and consume distinct blocks of it.
+    pub unsafe fn finish_one_row_shared(&self, groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, tail_mid: *mut f32) {
+        let oc = self.shape.oc;
+        let nb = oc / BLOCK_COLS;
+        let tail = one_row_tail(nb, nth);
+        let Some(&e) = (0..self.shape.e).filter(|&e| !groups.of(e).is_empty()).collect::<Vec<_>>().first() else {
+            return;
+        };
+        let row = groups.of(e)[0];
+        let lin = self.moe.expert(e);
+        let mut rout_eff = vec![0f32; oc];
+        let mut out = [0f32; BLOCK_COLS];
+        for tb in split(tail, ith, nth) {
+            let block = nb - tail + tb;
+            let cols = block * BLOCK_COLS..(block + 1) * BLOCK_COLS;
+            fold_into(&lin.rout[cols.clone()], lin.s_out.map(|s| &s[cols.clone()]), &mut rout_eff[cols.clone()]);
+            // SAFETY: block tb of `tail_mid` is this caller's alone (2.).
+            let mid = unsafe { std::slice::from_raw_parts_mut(tail_mid.add(tb * BLOCK_COLS), BLOCK_COLS) };
+            finish_block(mid, block, &rout_eff, lin.bias, &mut out);
+            // SAFETY: row < slots, the block's 128 columns are inside OC, and
+            // no other caller writes them (1.).
+            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(row * oc + cols.start), BLOCK_COLS) };
+        }
+    }
+
+    /// Phase 2 on whole (expert, block) units, rows of a dense batch's
+    /// leftover blocks, and (with `tail_mid`) a one-row call's leftover
+    /// blocks by tiles.
+    ///
+    /// # Safety
+    /// [`Self::compute_one_row_shared`]'s, `tail_mid` only where it applies.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn compute_units(
+        &self,
+        xh: &[f32],
+        groups: &ExpertGroups,
+        y: *mut f32,
+        ith: usize,
+        nth: usize,
+        scratch: &mut [f32],
+        tail_mid: Option<*mut f32>,
+    ) {
         let MoeShape { k, e: n_exp, ic, oc } = self.shape;
         let nb = oc / BLOCK_COLS;
         let n_slots = groups.slots.len();
@@ -200,7 +286,13 @@ impl<'a> CpuEngine<'a> {
         // share run the batched product, whose sums are per row (Gemma-3's
         // 640 outputs are 5 blocks: at 2 threads 3 against 2 before).
         let share_min = self.kernel.gemv_rows() + 1;
-        let tail = if used.len() == 1 && nth > 1 && n_slots >= share_min * nth { n_units % nth } else { 0 };
+        let tail = if tail_mid.is_some() {
+            one_row_tail(n_units, nth)
+        } else if used.len() == 1 && nth > 1 && n_slots >= share_min * nth {
+            n_units % nth
+        } else {
+            0
+        };
         let mine = split(n_units - tail, ith, nth);
         let mut rout_eff = vec![0f32; oc];
         let mut run = |units: std::ops::Range<usize>, row_share: bool| {
@@ -219,7 +311,7 @@ impl<'a> CpuEngine<'a> {
                 let cols = b0 * BLOCK_COLS..b1 * BLOCK_COLS;
                 let so = lin.s_out.map(|s| &s[cols.clone()]);
                 fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
-                let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows, block: 0 };
+                let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows, block: 0, tiles: ALL_TILES };
                 self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
                     // SAFETY: 1. row < slots (asserted by `Kernel::block_mid`)
                     // and c0 + 128 <= OC; 2. and 3. no one else writes these
@@ -230,6 +322,46 @@ impl<'a> CpuEngine<'a> {
             }
         };
         run(mine, false);
-        run(n_units - tail..n_units, true);
+        let Some(tail_mid) = tail_mid else {
+            run(n_units - tail..n_units, true);
+            return;
+        };
+        // One row: the tail blocks' 8 * tail tiles split over the callers.
+        let (mid, rest) = scratch.split_at_mut(BLOCK_COLS);
+        let mine = split(tail * BLOCK_TILES, ith, nth);
+        let mut t = mine.start;
+        while t < mine.end {
+            let tb = t / BLOCK_TILES;
+            let (lo, hi) = (t % BLOCK_TILES, BLOCK_TILES.min(t % BLOCK_TILES + (mine.end - t)));
+            t += hi - lo;
+            let e = used[0];
+            let job = BlockJob {
+                k,
+                ic,
+                oc,
+                code: self.moe.expert(e).code,
+                xh,
+                n_xrows: n_slots,
+                rows: groups.of(e),
+                block: nb - tail + tb,
+                tiles: (lo, hi),
+            };
+            self.kernel.block_mid(&job, mid, rest);
+            // SAFETY: tiles lo..hi of tail block tb are this caller's alone,
+            // inside `tail_mid` (5.).
+            unsafe { std::ptr::copy_nonoverlapping(mid[lo * TILE..].as_ptr(), tail_mid.add(tb * BLOCK_COLS + lo * TILE), (hi - lo) * TILE) };
+        }
+    }
+}
+
+/// Output blocks of a one-slot call on `nth` threads that do not divide
+/// evenly over them ([`CpuEngine::compute_one_row_shared`] splits them by
+/// tiles); 0 on one thread. The ggml op runs its second step, after a
+/// barrier, only where this is not 0.
+pub fn one_row_tail(n_blocks: usize, nth: usize) -> usize {
+    if nth > 1 {
+        n_blocks % nth
+    } else {
+        0
     }
 }

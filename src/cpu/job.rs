@@ -47,12 +47,25 @@ pub(crate) struct BlockJob<'a> {
     pub n_xrows: usize,
     pub rows: &'a [usize],
     pub block: usize,
+    /// The block's tiles to multiply, `tiles.0..tiles.1` (all:
+    /// [`ALL_TILES`]); the others' outputs are left at 0. A tile's sums do
+    /// not depend on which other tiles share the call. Below all tiles, only
+    /// the GEMVs and the scalar path take a job (`Kernel::block_mid`).
+    pub tiles: (usize, usize),
 }
+
+/// Every tile of a block ([`BlockJob::tiles`]).
+pub const ALL_TILES: (usize, usize) = (0, BLOCK_TILES);
 
 impl BlockJob<'_> {
     #[inline]
     pub fn kt_n(&self) -> usize {
         self.ic / TILE
+    }
+    /// The tiles of the block to multiply ([`Self::tiles`]).
+    #[inline]
+    pub fn tile_range(&self) -> Range<usize> {
+        self.tiles.0..self.tiles.1
     }
     #[inline]
     pub fn nt_n(&self) -> usize {

@@ -212,7 +212,8 @@ unsafe fn gemv_with<C: Codebook, const K: usize>(job: &BlockJob, mid: &mut [f32]
     for kt in 0..job.kt_n() {
         // SAFETY: xvecs' 2.: `xh_tile` is a 16-float slice.
         let xv = xvecs(job.xh_tile(job.rows[0], kt).as_ptr());
-        for (tl, a) in acc.iter_mut().enumerate() {
+        for tl in job.tile_range() {
+            let a = &mut acc[tl];
             job.load_ext::<K>(kt, job.block * BLOCK_TILES + tl, &mut ext);
             for g in 0..8 {
                 let w = group_windows_of::<K>(&ext, g);
@@ -226,8 +227,8 @@ unsafe fn gemv_with<C: Codebook, const K: usize>(job: &BlockJob, mid: &mut [f32]
             }
         }
     }
-    for (tl, a) in acc.iter().enumerate() {
-        for (c, v) in a.iter().enumerate() {
+    for tl in job.tile_range() {
+        for (c, v) in acc[tl].iter().enumerate() {
             mid[tl * TILE + c] += vaddvq_f32(*v);
         }
     }

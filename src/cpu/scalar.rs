@@ -18,7 +18,7 @@ fn decode_rows(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32; TILE_VALUES
 pub(super) fn block_mid(job: &BlockJob, mid: &mut [f32]) {
     let mut w = [0f32; TILE_VALUES];
     for kt in 0..job.kt_n() {
-        for tl in 0..BLOCK_TILES {
+        for tl in job.tile_range() {
             decode_rows(job, kt, job.block * BLOCK_TILES + tl, &mut w);
             for (i, &row) in job.rows.iter().enumerate() {
                 let x = job.xh_tile(row, kt);

@@ -10,7 +10,7 @@
 
 use super::batch::TileOps;
 use super::dispatch::{scratch_floats, Isa, Kernel};
-use super::job::{xh_index, BlockJob, BLOCK_COLS, BLOCK_TILES};
+use super::job::{xh_index, BlockJob, ALL_TILES, BLOCK_COLS, BLOCK_TILES};
 use crate::cref;
 use crate::format::{TILE, TILE_VALUES};
 use crate::rng::Rng;
@@ -44,7 +44,7 @@ fn first_mismatch(got: &[f32], want: &[f16]) -> Option<(usize, f32, f16)> {
 /// 1. The CPU supports `T`'s ISA.
 unsafe fn decode_all<T: TileOps>(shape: LinearShape, code: &[i16]) -> Vec<f32> {
     let (ic, oc) = (shape.ic, shape.oc);
-    let job = BlockJob { k: shape.k, ic, oc, code, xh: &[], n_xrows: 0, rows: &[], block: 0 };
+    let job = BlockJob { k: shape.k, ic, oc, code, xh: &[], n_xrows: 0, rows: &[], block: 0, tiles: ALL_TILES };
     let mut w = vec![f32::NAN; ic * oc];
     let mut tile = [0f32; TILE_VALUES];
     for kt in 0..ic / TILE {
@@ -108,7 +108,7 @@ fn one_hot_product(kernel: &Kernel, shape: LinearShape, code: &[i16], per_call: 
     let all: Vec<usize> = (0..ic).collect();
     for rows in all.chunks(per_call) {
         for block in 0..oc / BLOCK_COLS {
-            let job = BlockJob { k: shape.k, ic, oc, code, xh: &xh, n_xrows: ic, rows, block };
+            let job = BlockJob { k: shape.k, ic, oc, code, xh: &xh, n_xrows: ic, rows, block, tiles: ALL_TILES };
             let (mid, rest) = scratch.split_at_mut(rows.len() * BLOCK_COLS);
             kernel.block_mid(&job, mid, rest);
             for (q, &row) in rows.iter().enumerate() {

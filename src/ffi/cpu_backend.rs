@@ -6,7 +6,8 @@
 //! shapes were asserted by the op constructors, and are checked again here
 //! before any slice is formed.
 
-use crate::cpu::{scratch_floats, CpuEngine, ExpertGroups, Kernel, Slots};
+use crate::cpu::engine::one_row_tail;
+use crate::cpu::{scratch_floats, CpuEngine, ExpertGroups, Kernel, Slots, BLOCK_COLS};
 use crate::reference::Moe;
 use crate::validate::MoeShape;
 use half::f16;
@@ -67,26 +68,49 @@ pub extern "C" fn escha_rs_single_pass(n_slots: i64) -> bool {
     (0..=SINGLE_PASS_MAX_SLOTS as i64).contains(&n_slots)
 }
 
+/// Whether a one-pass call also takes phase 3 (after a barrier): its
+/// output blocks do not divide evenly over the threads, and the leftover
+/// blocks' tiles are split over them ([`CpuEngine::compute_one_row_shared`]).
+#[no_mangle]
+pub extern "C" fn escha_rs_one_row_tail(oc: i64, n_slots: i64, n_threads: i32) -> bool {
+    one_row_tail_blocks(oc, n_slots, n_threads) > 0
+}
+
+fn one_row_tail_blocks(oc: i64, n_slots: i64, n_threads: i32) -> usize {
+    if oc <= 0 || n_threads <= 0 || !escha_rs_single_pass(n_slots) || n_slots == 0 {
+        return 0;
+    }
+    one_row_tail(oc as usize / BLOCK_COLS, n_threads as usize)
+}
+
 /// Work buffer layout, in bytes: a shared `xh [slots, IC]` (none in one
-/// pass), then per thread its own `xh` (one pass only) and its scratch.
+/// pass), the one-row tail's shared sums (one pass only), then per thread
+/// its own `xh` (one pass only) and its scratch.
 struct Layout {
     shared_xh: usize,
+    tail_mid: usize,
     own_xh: usize,
     scratch: usize,
     total: usize,
 }
 
 impl Layout {
-    fn new(ic: usize, n_slots: usize, n_threads: usize) -> Self {
+    fn new(ic: usize, oc: usize, n_slots: usize, n_threads: usize) -> Self {
         let xh = align_up(n_slots * ic * 4);
         let scratch = align_up(scratch_floats(n_slots) * 4);
         let (shared_xh, own_xh) = if escha_rs_single_pass(n_slots as i64) { (0, xh) } else { (xh, 0) };
-        Layout { shared_xh, own_xh, scratch, total: ALIGN + shared_xh + n_threads * (own_xh + scratch) }
+        let tail_mid = align_up(one_row_tail_blocks(oc as i64, n_slots as i64, n_threads as i32) * BLOCK_COLS * 4);
+        Layout { shared_xh, tail_mid, own_xh, scratch, total: ALIGN + shared_xh + tail_mid + n_threads * (own_xh + scratch) }
+    }
+
+    /// Offset of the one-row tail's sums.
+    fn tail_mid(&self) -> usize {
+        self.shared_xh
     }
 
     /// Offset of thread `ith`'s share (its own `xh`, then its scratch).
     fn thread(&self, ith: usize) -> usize {
-        self.shared_xh + ith * (self.own_xh + self.scratch)
+        self.shared_xh + self.tail_mid + ith * (self.own_xh + self.scratch)
     }
 }
 
@@ -96,11 +120,11 @@ fn kernel() -> Kernel {
 }
 
 #[no_mangle]
-pub extern "C" fn escha_rs_work_size(ic: i64, _oc: i64, n_slots: i64, n_threads: i32) -> usize {
-    if ic <= 0 || n_slots < 0 || n_threads <= 0 {
+pub extern "C" fn escha_rs_work_size(ic: i64, oc: i64, n_slots: i64, n_threads: i32) -> usize {
+    if ic <= 0 || oc <= 0 || n_slots < 0 || n_threads <= 0 {
         return 0;
     }
-    Layout::new(ic as usize, n_slots as usize, n_threads as usize).total
+    Layout::new(ic as usize, oc as usize, n_slots as usize, n_threads as usize).total
 }
 
 /// Runs phase `phase` (1: input transform, 2: products and output
@@ -255,14 +279,25 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     let engine = CpuEngine::new_unchecked(&v.moe, kernel());
     let n = v.slots.len();
     let ic = d.ic as usize;
-    let lay = Layout::new(ic, n, nth);
+    let lay = Layout::new(ic, d.oc as usize, n, nth);
     if wdata.is_null() || wsize < lay.total {
         return Err(WORK_SIZE);
     }
     let base = wdata.add(wdata.align_offset(ALIGN));
     let xh = base as *mut f32;
-    if (phase == 0) != escha_rs_single_pass(n as i64) {
+    let single = escha_rs_single_pass(n as i64);
+    if (phase == 0 || phase == 3) != single || (phase == 3 && !escha_rs_one_row_tail(d.oc, n as i64, nth as i32)) {
         return Err(BAD_DESC);
+    }
+    let tail_mid = base.add(lay.tail_mid()) as *mut f32;
+    if phase == 3 {
+        let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
+        // SAFETY (finish_one_row_shared's list): 1. `dst` holds one row of
+        // OC floats (our 1.), the same groups and nth as phase 0; every
+        // thread's phase 0 has finished (our 3.); 2. `tail_mid` is the
+        // region phase 0 wrote, inside `wdata`.
+        engine.finish_one_row_shared(&groups, d.dst, ith, nth, tail_mid);
+        return Ok(());
     }
     if phase == 0 {
         // This thread's share: its own xh of all slots, then its scratch.
@@ -276,9 +311,17 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
         let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
         let xh = std::slice::from_raw_parts(xh_own as *const f32, n * ic);
         let scratch = std::slice::from_raw_parts_mut(own.add(lay.own_xh) as *mut f32, lay.scratch / 4);
-        // SAFETY (compute_shared's list): as in phase 2, with this thread's
-        // own transformed inputs.
-        engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
+        if escha_rs_one_row_tail(d.oc, n as i64, nth as i32) {
+            // SAFETY (compute_one_row_shared's list): as in phase 2, with
+            // this thread's own transformed inputs; 5. `tail_mid` holds the
+            // tail's blocks inside `wdata` (`lay`), shared only by this
+            // op's threads, which run phase 3 after a barrier (our 3.).
+            engine.compute_one_row_shared(xh, &groups, d.dst, ith, nth, scratch, tail_mid);
+        } else {
+            // SAFETY (compute_shared's list): as in phase 2, with this
+            // thread's own transformed inputs.
+            engine.compute_shared(xh, &groups, d.dst, ith, nth, scratch);
+        }
         return Ok(());
     }
     match phase {
