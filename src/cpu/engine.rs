@@ -188,45 +188,16 @@ impl<'a> CpuEngine<'a> {
     /// 4. `xh` is complete: every caller's phase 1 has finished.
     pub unsafe fn compute_shared(&self, xh: &[f32], groups: &ExpertGroups, y: *mut f32, ith: usize, nth: usize, scratch: &mut [f32]) {
         // SAFETY: our 1. to 4.; no one-row tail.
-        unsafe { self.compute_units(xh, groups, y, ith, nth, scratch, None) }
-    }
-
-    /// [`Self::compute_shared`] of a call of one slot, each thread with its
-    /// own `xh`, where the output blocks do not divide evenly over the
-    /// threads: the last [`one_row_tail`] blocks are split by tiles, each
-    /// thread's tiles summed into `tail_mid [tail, 128]`, and
-    /// [`Self::finish_one_row_shared`] applies their output transform once
-    /// every caller is done. A tile's sums are the same whichever thread
-    /// takes it, so the outputs are the same bits at any thread count.
-    ///
-    /// # Safety
-    /// [`Self::compute_shared`]'s 1. to 3., and:
-    /// 4. `xh` holds the slot's transformed inputs.
-    /// 5. `tail_mid` is valid for writes of `one_row_tail * 128` floats,
-    ///    shared by the callers (each writes its own tiles' columns) and by
-    ///    nothing else until [`Self::finish_one_row_shared`] has run.
-    pub unsafe fn compute_one_row_shared(
-        &self,
-        xh: &[f32],
-        groups: &ExpertGroups,
-        y: *mut f32,
-        ith: usize,
-        nth: usize,
-        scratch: &mut [f32],
-        tail_mid: *mut f32,
-    ) {
-        assert_eq!(groups.slots.len(), 1, "{}: one slot", self.name);
-        // SAFETY: our 1. to 5.
-        unsafe { self.compute_units(xh, groups, y, ith, nth, scratch, Some(tail_mid)) }
+        unsafe { self.compute_shared_with_tail(xh, groups, y, ith, nth, scratch, None) }
     }
 
     /// The one-row tail's output transforms (after every caller's
-    /// [`Self::compute_one_row_shared`]): thread `ith`'s share of the tail
+    /// [`Self::compute_shared_with_tail`]): thread `ith`'s share of the tail
     /// blocks, from `tail_mid` into `y`.
     ///
     /// # Safety
-    /// 1. to 3. as [`Self::compute_one_row_shared`]'s (the same `groups`,
-    ///    `nth` and `y`), and every caller's `compute_one_row_shared` has
+    /// 1. to 3. as [`Self::compute_shared_with_tail`]'s (the same `groups`,
+    ///    `nth` and `y`), and every caller's `compute_shared_with_tail` has
     ///    finished.
     /// 2. `tail_mid` is what those calls wrote; callers of distinct `ith`
     ///    read and consume distinct blocks of it.
@@ -234,7 +205,7 @@ impl<'a> CpuEngine<'a> {
         let oc = self.shape.oc;
         let nb = oc / BLOCK_COLS;
         let tail = one_row_tail(nb, nth);
-        let Some(&e) = (0..self.shape.e).filter(|&e| !groups.of(e).is_empty()).collect::<Vec<_>>().first() else {
+        let Some(e) = (0..self.shape.e).find(|&e| !groups.of(e).is_empty()) else {
             return;
         };
         let row = groups.of(e)[0];
@@ -254,14 +225,22 @@ impl<'a> CpuEngine<'a> {
         }
     }
 
-    /// Phase 2 on whole (expert, block) units, rows of a dense batch's
-    /// leftover blocks, and (with `tail_mid`) a one-row call's leftover
-    /// blocks by tiles.
+    /// [`Self::compute_shared`], and with `tail_mid` for a call of one slot,
+    /// each thread with its own `xh`, where the output blocks do not divide
+    /// evenly over the threads: the last [`one_row_tail`] blocks are split
+    /// by tiles, each thread's tiles summed into `tail_mid [tail, 128]`, and
+    /// [`Self::finish_one_row_shared`] applies their output transform once
+    /// every caller is done. A tile's sums are the same whichever thread
+    /// takes it, so the outputs are the same bits at any thread count.
     ///
     /// # Safety
-    /// [`Self::compute_one_row_shared`]'s, `tail_mid` only where it applies.
+    /// [`Self::compute_shared`]'s 1. to 3., and:
+    /// 4. `xh` is complete (with `tail_mid`: the slot's transformed inputs).
+    /// 5. A `tail_mid` is valid for writes of `one_row_tail * 128` floats,
+    ///    shared by the callers (each writes its own tiles' columns) and by
+    ///    nothing else until [`Self::finish_one_row_shared`] has run.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn compute_units(
+    pub unsafe fn compute_shared_with_tail(
         &self,
         xh: &[f32],
         groups: &ExpertGroups,
@@ -287,6 +266,7 @@ impl<'a> CpuEngine<'a> {
         // 640 outputs are 5 blocks: at 2 threads 3 against 2 before).
         let share_min = self.kernel.gemv_rows() + 1;
         let tail = if tail_mid.is_some() {
+            assert_eq!(n_slots, 1, "{}: a one-row tail takes one slot", self.name);
             one_row_tail(n_units, nth)
         } else if used.len() == 1 && nth > 1 && n_slots >= share_min * nth {
             n_units % nth
@@ -355,7 +335,7 @@ impl<'a> CpuEngine<'a> {
 }
 
 /// Output blocks of a one-slot call on `nth` threads that do not divide
-/// evenly over them ([`CpuEngine::compute_one_row_shared`] splits them by
+/// evenly over them ([`CpuEngine::compute_shared_with_tail`] splits them by
 /// tiles); 0 on one thread. The ggml op runs its second step, after a
 /// barrier, only where this is not 0.
 pub fn one_row_tail(n_blocks: usize, nth: usize) -> usize {

@@ -70,7 +70,7 @@ pub extern "C" fn escha_rs_single_pass(n_slots: i64) -> bool {
 
 /// Whether a one-pass call also takes phase 3 (after a barrier): its
 /// output blocks do not divide evenly over the threads, and the leftover
-/// blocks' tiles are split over them ([`CpuEngine::compute_one_row_shared`]).
+/// blocks' tiles are split over them ([`CpuEngine::compute_shared_with_tail`]).
 #[no_mangle]
 pub extern "C" fn escha_rs_one_row_tail(oc: i64, n_slots: i64, n_threads: i32) -> bool {
     one_row_tail_blocks(oc, n_slots, n_threads) > 0
@@ -88,7 +88,7 @@ fn one_row_tail_blocks(oc: i64, n_slots: i64, n_threads: i32) -> usize {
 /// its own `xh` (one pass only) and its scratch.
 struct Layout {
     shared_xh: usize,
-    tail_mid: usize,
+    tail_bytes: usize,
     own_xh: usize,
     scratch: usize,
     total: usize,
@@ -99,18 +99,18 @@ impl Layout {
         let xh = align_up(n_slots * ic * 4);
         let scratch = align_up(scratch_floats(n_slots) * 4);
         let (shared_xh, own_xh) = if escha_rs_single_pass(n_slots as i64) { (0, xh) } else { (xh, 0) };
-        let tail_mid = align_up(one_row_tail_blocks(oc as i64, n_slots as i64, n_threads as i32) * BLOCK_COLS * 4);
-        Layout { shared_xh, tail_mid, own_xh, scratch, total: ALIGN + shared_xh + tail_mid + n_threads * (own_xh + scratch) }
+        let tail_bytes = align_up(one_row_tail_blocks(oc as i64, n_slots as i64, n_threads as i32) * BLOCK_COLS * 4);
+        Layout { shared_xh, tail_bytes, own_xh, scratch, total: ALIGN + shared_xh + tail_bytes + n_threads * (own_xh + scratch) }
     }
 
-    /// Offset of the one-row tail's sums.
-    fn tail_mid(&self) -> usize {
+    /// Offset of the one-row tail's sums (after the shared `xh`).
+    fn tail_offset(&self) -> usize {
         self.shared_xh
     }
 
     /// Offset of thread `ith`'s share (its own `xh`, then its scratch).
     fn thread(&self, ith: usize) -> usize {
-        self.shared_xh + self.tail_mid + ith * (self.own_xh + self.scratch)
+        self.shared_xh + self.tail_bytes + ith * (self.own_xh + self.scratch)
     }
 }
 
@@ -289,7 +289,7 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     if (phase == 0 || phase == 3) != single || (phase == 3 && !escha_rs_one_row_tail(d.oc, n as i64, nth as i32)) {
         return Err(BAD_DESC);
     }
-    let tail_mid = base.add(lay.tail_mid()) as *mut f32;
+    let tail_mid = base.add(lay.tail_offset()) as *mut f32;
     if phase == 3 {
         let groups = ExpertGroups::new(&v.slots.experts, d.n_expert as usize);
         // SAFETY (finish_one_row_shared's list): 1. `dst` holds one row of
@@ -312,11 +312,11 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
         let xh = std::slice::from_raw_parts(xh_own as *const f32, n * ic);
         let scratch = std::slice::from_raw_parts_mut(own.add(lay.own_xh) as *mut f32, lay.scratch / 4);
         if escha_rs_one_row_tail(d.oc, n as i64, nth as i32) {
-            // SAFETY (compute_one_row_shared's list): as in phase 2, with
+            // SAFETY (compute_shared_with_tail's list): as in phase 2, with
             // this thread's own transformed inputs; 5. `tail_mid` holds the
             // tail's blocks inside `wdata` (`lay`), shared only by this
             // op's threads, which run phase 3 after a barrier (our 3.).
-            engine.compute_one_row_shared(xh, &groups, d.dst, ith, nth, scratch, tail_mid);
+            engine.compute_shared_with_tail(xh, &groups, d.dst, ith, nth, scratch, Some(tail_mid));
         } else {
             // SAFETY (compute_shared's list): as in phase 2, with this
             // thread's own transformed inputs.
