@@ -100,26 +100,74 @@ unsafe fn cb16_fp16(s: __m512i) -> __m512 {
 }
 
 /// The `vpmultishiftqb` control that cuts the states of values `2p` and
-/// `2p + 1` out of each 32-bit window: per dword, bytes
-/// `[sh, sh + 8, sh', sh' + 8]` of its window (+32 for a qword's upper
-/// dword), so each dword becomes the pair `state(2p) | state(2p + 1) << 16`.
+/// `2p + 1` of two lanes out of their [`pair_source`] qword: per dword,
+/// bytes `[o, o + 8, o', o' + 8]` (the even lane's in the low dword, the
+/// odd lane's in the high one), so each dword becomes the pair
+/// `state(2p) | state(2p + 1) << 16`. The qword holds code bits `P..P + 64`
+/// with bit `P` at its top, `P` = the even lane's first state bit less K;
+/// value j's 16 state bits start K(j + 1) code bits after `P` in the even
+/// lane (8K more in the odd one), so they end at qword bit
+/// `48 - K(j + 1)` (`48 - K(j + 9)`).
 const fn pair_ctrl(k: usize, p: usize) -> i64 {
-    let ((h0, a), (h1, b)) = (state_window(k, 2 * p), state_window(k, 2 * p + 1));
-    assert!(h0 == h1, "a pair's states share a window");
-    let d = [a, a + 8, b, b + 8, 32 + a, 40 + a, 32 + b, 40 + b];
-    let mut c = 0u64;
+    let (a, b) = (48 - k * (2 * p + 1), 48 - k * (2 * p + 2));
+    let (c, d) = (48 - k * (2 * p + 9), 48 - k * (2 * p + 10));
+    let o = [a, a + 8, b, b + 8, c, c + 8, d, d + 8];
+    let mut v = 0u64;
     let mut i = 0;
     while i < 8 {
-        c |= (d[i] as u64) << (8 * i);
+        v |= (o[i] as u64) << (8 * i);
         i += 1;
     }
-    c as i64
+    v as i64
+}
+
+/// Word-permute indices that gather, for lanes `2q` and `2q + 1` of group
+/// `g`, the 64 code bits both lanes' states lie in into qword `q`
+/// ([`pair_ctrl`]): code bits are read most significant first from 32-bit
+/// words made of two int16 (the high one first), so code halfword `h` is
+/// int16 `h ^ 1` of the tile. Lane L's first state bit is `(8L + 1)K - 16`,
+/// so `P = 8LK - 16` (L even) is halfword `LK/2 - 1`, ring index mod 16K.
+const fn pair_source_idx(k: usize, g: usize) -> [i16; 32] {
+    let nh = 16 * k;
+    let mut idx = [0i16; 32];
+    let mut q = 0;
+    while q < 8 {
+        let l = 16 * g + 2 * q;
+        let h0 = (l * k / 2 + nh - 1) % nh;
+        let mut slot = 0;
+        while slot < 4 {
+            // the qword's top halfword (slot 3) comes first in the code
+            idx[4 * q + slot] = (((h0 + 3 - slot) % nh) ^ 1) as i16;
+            slot += 1;
+        }
+        q += 1;
+    }
+    idx
+}
+
+static PAIR_SRC: [[[i16; 32]; 2]; 2] = [[pair_source_idx(2, 0), pair_source_idx(2, 1)], [pair_source_idx(3, 0), pair_source_idx(3, 1)]];
+
+/// Group `g`'s lane-pair qwords ([`pair_source_idx`]) in one word permute
+/// (two sources for K=3's 48 halfwords), where windows a lane took two
+/// dword permutes and a funnel shift (K=2) or three of each (K=3).
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F and BW.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pair_source<const K: usize>(t: &[__m512i; 2], g: usize) -> __m512i {
+    let idx = _mm512_loadu_si512(PAIR_SRC[K - 2][g].as_ptr() as *const _);
+    if K == 2 {
+        _mm512_permutexvar_epi16(idx, t[0])
+    } else {
+        _mm512_permutex2var_epi16(t[0], idx, t[1])
+    }
 }
 
 /// Codebook values `2p` and `2p + 1` of the group's 16 lanes, times 2^-112
 /// exactly (for the GEMV), 32 states in 16-bit lanes at once:
-/// - one byte-granular multishift cuts both states of a lane out of its
-///   window (no shift and mask per state);
+/// - one byte-granular multishift cuts both states of each lane out of its
+///   lane pair's qword `src` ([`pair_source`]; no shift and mask per state);
 /// - the hash `s * CBA_MUL mod 2^32` in halves (low: `s * lo16(MUL)`; high:
 ///   the high half of that plus `s * hi16(MUL)`), the and+xor one
 ///   `vpternlogd` per half (the constants' halves are equal), and one
@@ -143,8 +191,8 @@ const fn pair_ctrl(k: usize, p: usize) -> i64 {
 /// 1. The CPU supports AVX-512F, BW, VBMI and FP16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512fp16")]
-unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
-    let (lo, hi) = pair_hash16::<K>(w, p);
+unsafe fn pair_fp16_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
+    let (lo, hi) = pair_hash16::<K>(src, p);
     let (m, x) = (_mm512_set1_epi32(CBA_MASK as i32), _mm512_set1_epi32(CBA_XOR as i32));
     let sum = _mm512_add_ph(
         _mm512_castsi512_ph(_mm512_ternarylogic_epi32::<0x6A>(lo, m, x)),
@@ -166,9 +214,8 @@ unsafe fn pair_fp16_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m51
 /// 1. The CPU supports AVX-512F, BW and VBMI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn pair_hash16<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512i, __m512i) {
-    let (h, _) = state_window(K, 2 * p);
-    let s = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), w[h]);
+unsafe fn pair_hash16<const K: usize>(src: __m512i, p: usize) -> (__m512i, __m512i) {
+    let s = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), src);
     let (ml, mh) = (_mm512_set1_epi16(CBA_MUL as u16 as i16), _mm512_set1_epi16((CBA_MUL >> 16) as u16 as i16));
     (_mm512_mullo_epi16(s, ml), _mm512_add_epi16(_mm512_mulhi_epu16(s, ml), _mm512_mullo_epi16(s, mh)))
 }
@@ -189,8 +236,8 @@ unsafe fn pair_hash16<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512i, _
 /// 1. The CPU supports AVX-512F, BW and VBMI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn pair_vbmi_scaled<const K: usize>(w: &[__m512i; 2], p: usize) -> (__m512, __m512) {
-    let (lo, hi) = pair_hash16::<K>(w, p);
+unsafe fn pair_vbmi_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
+    let (lo, hi) = pair_hash16::<K>(src, p);
     let (m, x) = (_mm512_set1_epi32(HALF_MASK_F32 as i32), _mm512_set1_epi32(HALF_XOR_F32 as i32));
     let k13 = _mm512_set1_epi32(1 << 13);
     let half = |v: __m512i| _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0x6A>(v, m, x));
@@ -240,74 +287,6 @@ unsafe fn group_windows_of<const K: usize>(t: &[__m512i; 2], tabs: &Tabs, g: usi
     [w0, if K == 3 { window::<K>(t, &tabs[1][g]) } else { w0 }]
 }
 
-/// Whether stretch 0 of every lane of `tabs` is a funnel shift: its right
-/// shift is 32 less its left one, which is what `vpshldvd` takes (the
-/// funnel-shift windows below assert it at compile time).
-const fn stretch0_is_funnel(tabs: &Tabs) -> bool {
-    let mut i = 0;
-    while i < 32 {
-        let rw = &tabs[0][i / 16];
-        if !(rw.shl[i % 16] < 32 && rw.shr[i % 16] == 32 - rw.shl[i % 16]) {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-/// K=2's window of group `g` ([`group_windows_of`]'s) in one funnel shift
-/// (VBMI2) where that takes two shifts and an or ([`stretch0_is_funnel`]).
-///
-/// # Safety
-/// 1. The CPU supports AVX-512F and VBMI2.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vbmi2")]
-unsafe fn group_windows_k2(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
-    const { assert!(stretch0_is_funnel(&TAB2)) };
-    let rw = &TAB2[0][g];
-    let (a, b) = (_mm512_permutexvar_epi32(ld16(&rw.idx_a), t[0]), _mm512_permutexvar_epi32(ld16(&rw.idx_b), t[0]));
-    let w0 = _mm512_shldv_epi32(a, b, ld16(&rw.shl));
-    [w0, w0]
-}
-
-/// K=3, per lane of group `g`: the ring index of the word after stretch 0's
-/// two (`idx_b + 1 mod 24`), for [`group_windows_k3`].
-static TAB3_NEXT: [[i32; 16]; 2] = {
-    assert!(stretch0_is_funnel(&TAB3), "the funnel shifts take the window's offset alone");
-    let mut n = [[0i32; 16]; 2];
-    let mut g = 0;
-    while g < 2 {
-        let mut i = 0;
-        while i < 16 {
-            n[g][i] = (TAB3[0][g].idx_b[i] + 1) % 24;
-            i += 1;
-        }
-        g += 1;
-    }
-    n
-};
-
-/// K=3's two windows of group `g` ([`group_windows_of`]'s) in three
-/// permutes and three funnel shifts, where that takes four permutes and six
-/// shifts and ors: a lane's stretch 1 ends 12 bits after its stretch 0, so
-/// it is stretch 0 shifted up by 12 under the top of the 32 bits that
-/// follow stretch 0, which lie in the next two words at the same offset.
-/// The permutes share one port with the GEMV's byte multishifts.
-///
-/// # Safety
-/// 1. The CPU supports AVX-512F and VBMI2.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vbmi2")]
-unsafe fn group_windows_k3(t: &[__m512i; 2], g: usize) -> [__m512i; 2] {
-    let rw = &TAB3[0][g];
-    let word = |idx: __m512i| _mm512_permutex2var_epi32(t[0], idx, t[1]);
-    let (a, b, c) = (word(ld16(&rw.idx_a)), word(ld16(&rw.idx_b)), word(ld16(&TAB3_NEXT[g])));
-    let off = ld16(&rw.shl);
-    let w0 = _mm512_shldv_epi32(a, b, off);
-    let after = _mm512_shldv_epi32(b, c, off);
-    [w0, _mm512_shldi_epi32::<12>(w0, after)]
-}
-
 /// Each quarter of `acc[g*2 + jh]` sums into column `4g + 8jh + quarter`.
 ///
 /// # Safety
@@ -346,8 +325,7 @@ unsafe fn tile_fma<const K: usize, const R: usize>(t: &[__m512i; 2], tabs: &Tabs
 }
 
 /// [`tile_fma`] with the value pairs of `$pair` (weights times 2^-112,
-/// against inputs times 2^112), the windows from [`group_windows_k2`] and
-/// [`group_windows_k3`].
+/// against inputs times 2^112), the states cut from [`pair_source`].
 macro_rules! tile_fma_pairs {
     ($name:ident, $feat:literal, $pair:ident) => {
         /// # Safety
@@ -356,9 +334,9 @@ macro_rules! tile_fma_pairs {
         #[target_feature(enable = $feat)]
         unsafe fn $name<const K: usize, const R: usize>(t: &[__m512i; 2], _tabs: &Tabs, xv: &[[__m512; 4]; R], acc: &mut [[__m512; 4]; R]) {
             for g in 0..2 {
-                let w = if K == 3 { group_windows_k3(t, g) } else { group_windows_k2(t, g) };
+                let src = pair_source::<K>(t, g);
                 for p in 0..4 {
-                    let (a, b) = $pair::<K>(&w, p);
+                    let (a, b) = $pair::<K>(src, p);
                     for r in 0..R {
                         let c = &mut acc[r][g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
                         *c = _mm512_fmadd_ps(a, xv[r][(2 * p) & 3], *c);
@@ -552,16 +530,6 @@ mod tests {
     use super::*;
     use crate::cpu::dispatch::Isa;
 
-    /// Whether the funnel-shift window checks can run on this CPU; says so
-    /// when they cannot.
-    fn has_vbmi2(test: &str) -> bool {
-        let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vbmi2");
-        if !ok {
-            println!("{test}: skipped, this CPU lacks AVX-512F or VBMI2");
-        }
-        ok
-    }
-
     /// Tiles of `W` words for the window checks: each ring bit set alone,
     /// then 256 random tiles (xorshift from `rng`).
     fn window_test_tiles<const W: usize>(mut rng: u64) -> Vec<[u32; W]> {
@@ -577,82 +545,91 @@ mod tests {
         tiles
     }
 
-    /// [`group_windows_k3`] gives [`group_windows_of`]'s two K=3 windows,
-    /// every lane of both groups, on random tiles and on tiles with one bit
-    /// set (each ring position once).
-    #[test]
-    fn k3_windows_by_funnel_shifts() {
-        if !has_vbmi2("k3_windows_by_funnel_shifts") {
+    /// The pair path's cut ([`pair_source`], then one multishift by
+    /// [`pair_ctrl`]) gives every lane's states of values `2p` and `2p + 1`
+    /// as the windows of the avx512 path cut them ([`group_windows_of`],
+    /// [`state_window`]), both K, both groups, on tiles with one bit set
+    /// (each ring position once) and on random ones.
+    fn pair_cuts_match_windows<const K: usize, const W: usize>(test: &str, tabs: &Tabs, rng: u64) {
+        if !Isa::Avx512Vbmi.available() {
+            println!("{test}: skipped, this CPU cannot run the avx512vbmi path");
             return;
         }
-        for (n, words) in window_test_tiles::<24>(0x9E37_79B9_7F4A_7C15).iter().enumerate() {
+        for (n, words) in window_test_tiles::<W>(rng).iter().enumerate() {
             for g in 0..2 {
-                let (mut want, mut got) = ([[0u32; 16]; 2], [[0u32; 16]; 2]);
-                // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
-                // loads read 16 and 8 of the 24 words.
-                unsafe {
-                    let t = [_mm512_loadu_si512(words.as_ptr() as *const _), _mm512_castsi256_si512(_mm256_loadu_si256(words.as_ptr().add(16) as *const __m256i))];
-                    let (w, f) = (group_windows_of::<3>(&t, &TAB3, g), group_windows_k3(&t, g));
-                    for h in 0..2 {
-                        _mm512_storeu_si512(want[h].as_mut_ptr() as *mut _, w[h]);
-                        _mm512_storeu_si512(got[h].as_mut_ptr() as *mut _, f[h]);
+                for p in 0..4 {
+                    let (mut windows, mut got) = ([[0u32; 16]; 2], [0u32; 16]);
+                    // SAFETY: the CPU has AVX-512F, BW and VBMI (checked
+                    // above); the loads read 16 and, for K=3, 8 more of the
+                    // W = 8K words.
+                    unsafe {
+                        let t = [
+                            _mm512_loadu_si512(words.as_ptr() as *const _),
+                            if K == 3 { _mm512_castsi256_si512(_mm256_loadu_si256(words.as_ptr().add(16) as *const __m256i)) } else { _mm512_setzero_si512() },
+                        ];
+                        let w = group_windows_of::<K>(&t, tabs, g);
+                        for h in 0..2 {
+                            _mm512_storeu_si512(windows[h].as_mut_ptr() as *mut _, w[h]);
+                        }
+                        let cut = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(pair_ctrl(K, p)), pair_source::<K>(&t, g));
+                        _mm512_storeu_si512(got.as_mut_ptr() as *mut _, cut);
                     }
+                    let state = |lane: usize, j: usize| {
+                        let (h, sh) = state_window(K, j);
+                        (windows[h][lane] >> sh) & 0xFFFF
+                    };
+                    let want: [u32; 16] = core::array::from_fn(|lane| state(lane, 2 * p) | state(lane, 2 * p + 1) << 16);
+                    assert_eq!(got, want, "{test}: tile {n}, group {g}, pair {p}");
                 }
-                assert_eq!(got, want, "tile {n}, group {g}");
             }
         }
     }
 
-    /// [`group_windows_k2`] gives [`group_windows_of`]'s K=2 window, every
-    /// lane of both groups, on tiles with one bit set (each ring position
-    /// once) and on random ones.
     #[test]
-    fn k2_window_by_funnel_shift() {
-        if !has_vbmi2("k2_window_by_funnel_shift") {
-            return;
-        }
-        for (n, words) in window_test_tiles::<16>(0x2545_F491_4F6C_DD1D).iter().enumerate() {
-            for g in 0..2 {
-                let (mut want, mut got) = ([0u32; 16], [0u32; 16]);
-                // SAFETY: the CPU has AVX-512F and VBMI2 (checked above); the
-                // load reads the 16 words.
-                unsafe {
-                    let w = _mm512_loadu_si512(words.as_ptr() as *const _);
-                    _mm512_storeu_si512(want.as_mut_ptr() as *mut _, group_windows_of::<2>(&[w, w], &TAB2, g)[0]);
-                    _mm512_storeu_si512(got.as_mut_ptr() as *mut _, group_windows_k2(&[w, w], g)[0]);
-                }
-                assert_eq!(got, want, "tile {n}, group {g}");
-            }
-        }
+    fn pair_cuts_match_windows_k2() {
+        pair_cuts_match_windows::<2, 16>("pair_cuts_match_windows_k2", &TAB2, 0x2545_F491_4F6C_DD1D);
+    }
+
+    #[test]
+    fn pair_cuts_match_windows_k3() {
+        pair_cuts_match_windows::<3, 24>("pair_cuts_match_windows_k3", &TAB3, 0x9E37_79B9_7F4A_7C15);
     }
 
     /// Every one of the 65536 states through `pair` is the C reference's
     /// codebook value (`cref::cb_half`) times 2^-112, bit for bit: the bit
     /// tricks need every such sum to be zero or normal. K=2 pair 3 is
-    /// states 6 and 7, bits 2..18 and 0..16 of each window: a window `s`
-    /// gives state `s` (value 7) and `s >> 2` (value 6). Skipped, with a
-    /// note, where the CPU lacks `isa`, whose features `pair` needs.
-    fn pair_sums_scale_exactly(test: &str, isa: Isa, pair: unsafe fn(&[__m512i; 2], usize) -> (__m512, __m512)) {
+    /// values 6 and 7: in a lane pair's qword ([`pair_ctrl`]) the even
+    /// lane's states end at bits 34 and 32, the odd lane's at 18 and 16, so
+    /// qword `q` = `a << 32 | b << 16 | c` gives value 7 the states `a` and
+    /// `b` and value 6 what the bits above them hold. Skipped, with a note,
+    /// where the CPU lacks `isa`, whose features `pair` needs.
+    fn pair_sums_scale_exactly(test: &str, isa: Isa, pair: unsafe fn(__m512i, usize) -> (__m512, __m512)) {
         if !isa.available() {
             println!("{test}: skipped, this CPU cannot run the {} path", isa.name());
             return;
         }
-        let want = |s: u32| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
-        for s0 in (0..1u32 << 16).step_by(16) {
-            let windows: [u32; 16] = core::array::from_fn(|i| s0 + i as u32);
+        let want = |s: u64| (crate::cref::cb_half(s as u16).to_f32() / F16_TO_F32_SCALE).to_bits();
+        let mut rng = 0x5851_F42D_4C95_7F2Du64;
+        for s0 in (0..1u64 << 16).step_by(16) {
+            let src: [u64; 8] = core::array::from_fn(|q| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng & 0xFFFF_0000_0000_FFFF) | (s0 + 2 * q as u64) << 32 | (s0 + 2 * q as u64 + 1) << 16
+            });
             let (mut v6, mut v7) = ([0f32; 16], [0f32; 16]);
             // SAFETY: the CPU has `isa`'s features (checked above), which
             // include AVX-512F and all `pair` needs.
             unsafe {
-                let w = ld16(&windows);
-                let (a, b) = pair(&[w, w], 3);
+                let (a, b) = pair(_mm512_loadu_si512(src.as_ptr() as *const _), 3);
                 _mm512_storeu_ps(v6.as_mut_ptr(), a);
                 _mm512_storeu_ps(v7.as_mut_ptr(), b);
             }
-            for i in 0..16 {
-                let s = windows[i];
-                assert_eq!(v7[i].to_bits(), want(s), "{test}: state {s:#06x} (value 7): {:e}", v7[i]);
-                assert_eq!(v6[i].to_bits(), want(s >> 2), "{test}: state {:#06x} (value 6): {:e}", s >> 2, v6[i]);
+            for lane in 0..16 {
+                let (q, end7) = (src[lane / 2], if lane % 2 == 0 { 32 } else { 16 });
+                let (s7, s6) = ((q >> end7) & 0xFFFF, (q >> (end7 + 2)) & 0xFFFF);
+                assert_eq!(v7[lane].to_bits(), want(s7), "{test}: state {s7:#06x} (value 7): {:e}", v7[lane]);
+                assert_eq!(v6[lane].to_bits(), want(s6), "{test}: state {s6:#06x} (value 6): {:e}", v6[lane]);
             }
         }
     }
