@@ -353,10 +353,10 @@ tile_fma_pairs!(tile_fma_vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", pair_v
 /// The kernels that decode (the GEMV, the tile decode of the batched
 /// product) of one path under the features `$feat`, as the functions
 /// named: the GEMV decodes with `$tile_fma` against inputs times `$xscale`
-/// (its values are the weights times 1 / `$xscale`), the tile decode with
-/// `$cb` (exact values); the batched product's `rows_fma` is shared.
+/// (its values are the weights times 1 / `$xscale`), the tile decode takes
+/// `$values` (exact values); the batched product's `rows_fma` is shared.
 macro_rules! decode_paths {
-    ($isa:ident, $feat:literal, $cb:ident, $tile_fma:ident, $xscale:expr, $gemv:ident, $decode_rows:ident, $gemv_rows:expr) => {
+    ($isa:ident, $feat:literal, $values:ident, $tile_fma:ident, $xscale:expr, $gemv:ident, $decode_rows:ident, $gemv_rows:expr) => {
         /// `mid [rows, 128]` of the rows `job.rows` (1 to `$gemv_rows`):
         /// every tile decoded once, in registers, and applied to each row.
         ///
@@ -410,10 +410,8 @@ macro_rules! decode_paths {
         /// 2. `job` is consistent (checked by `Kernel::block_mid`).
         #[target_feature(enable = $feat)]
         unsafe fn $decode_rows<const K: usize>(job: &BlockJob, kt: usize, nt: usize, out: &mut [f32]) {
-            let tabs = if K == 2 { &TAB2 } else { &TAB3 };
             let out = &mut out[..256];
-            let t = tile_words::<K>(job, kt, nt);
-            let w = [group_windows_of::<K>(&t, tabs, 0), group_windows_of::<K>(&t, tabs, 1)];
+            let v = $values::<K>(&tile_words::<K>(job, kt, nt));
             // Rows (k0, k0 + 1) of two 4x4 blocks a (columns 0-3) and b (4-7): lanes
             // 0-7 row k0, 8-15 row k0 + 1.
             let pair = |k0: i32| {
@@ -426,8 +424,7 @@ macro_rules! decode_paths {
             let hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
             for j in 0..4 {
                 let rj = (j & 1) + 8 * ((j >> 1) & 1);
-                let v = |g: usize, jj: usize| $cb(states::<K>(&w[g], jj));
-                let (a0, a1, b0, b1) = (v(0, j), v(1, j), v(0, j + 4), v(1, j + 4));
+                let (a0, a1, b0, b1) = (v[0][j], v[1][j], v[0][j + 4], v[1][j + 4]);
                 // columns 0-7 (a) and 8-15 (b) of rows (0, 1) and (2, 3)
                 let (a01, a23) = (_mm512_permutex2var_ps(a0, p01, a1), _mm512_permutex2var_ps(a0, p23, a1));
                 let (b01, b23) = (_mm512_permutex2var_ps(b0, p01, b1), _mm512_permutex2var_ps(b0, p23, b1));
@@ -447,11 +444,52 @@ macro_rules! decode_paths {
     };
 }
 
-decode_paths!(Avx512, "avx512f", cb16, tile_fma, 1.0, gemv, decode_rows, GEMV_ROWS);
+/// The 16 value vectors of a tile, `v[g][j]` = value j of group g's 16
+/// lanes (exact), through the lane windows and a per-vector codebook `$cb`.
+macro_rules! values_by_windows {
+    ($name:ident, $feat:literal, $cb:ident) => {
+        /// # Safety
+        /// 1. The CPU supports the features `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const K: usize>(t: &[__m512i; 2]) -> [[__m512; 8]; 2] {
+            let tabs = if K == 2 { &TAB2 } else { &TAB3 };
+            core::array::from_fn(|g| {
+                let w = group_windows_of::<K>(t, tabs, g);
+                core::array::from_fn(|j| $cb(states::<K>(&w, j)))
+            })
+        }
+    };
+}
+values_by_windows!(values_avx512, "avx512f", cb16);
+values_by_windows!(values_fp16, "avx512f,avx512fp16", cb16_fp16);
+
+/// [`values_avx512`]'s vectors by the VBMI path's pairs: the cuts of
+/// [`pair_source`], the codebook without conversions, times 2^112 (exact:
+/// the pairs' values are the weights times 2^-112).
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW, VBMI and VBMI2.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2")]
+unsafe fn values_vbmi<const K: usize>(t: &[__m512i; 2]) -> [[__m512; 8]; 2] {
+    let scale = _mm512_set1_ps(F16_TO_F32_SCALE);
+    let mut v = [[_mm512_setzero_ps(); 8]; 2];
+    for g in 0..2 {
+        let src = pair_source::<K>(t, g);
+        for p in 0..4 {
+            let (a, b) = pair_vbmi_scaled::<K>(src, p);
+            v[g][2 * p] = _mm512_mul_ps(a, scale);
+            v[g][2 * p + 1] = _mm512_mul_ps(b, scale);
+        }
+    }
+    v
+}
+
+decode_paths!(Avx512, "avx512f", values_avx512, tile_fma, 1.0, gemv, decode_rows, GEMV_ROWS);
 // Rows of the FP16 path's GEMV: 1, as it was measured (no FP16 CPU here to time more).
-decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", cb16_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, 1);
-// The batched product's tile decode of the VBMI path is the avx512 one's.
-decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", cb16, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi, GEMV_ROWS);
+decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, 1);
+decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", values_vbmi, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi, GEMV_ROWS);
 
 /// Rows up to which the GEMVs of the avx512 and avx512vbmi paths, decoding
 /// in registers, take a multiply instead of the batched product's decode
