@@ -9,7 +9,7 @@
 
 use crate::codec::reconstruct;
 use crate::error::{EschaError, Result};
-use crate::transform::{fold_scales, input_transform, output_transform};
+use crate::transform::{fold_into, fold_scales, input_transform, output_transform};
 use crate::validate::{check_finite, check_len, LinearShape, MoeShape};
 use half::f16;
 
@@ -30,6 +30,12 @@ pub struct Linear<'a> {
 }
 
 impl<'a> Linear<'a> {
+    /// The output transform's factor of outputs `cols`: `rout` times
+    /// `s_out` where there is one, widened to f32 in `out`.
+    pub fn rout_eff_into(&self, cols: std::ops::Range<usize>, out: &mut [f32]) {
+        fold_into(&self.rout[cols.clone()], self.s_out.map(|s| &s[cols]), out);
+    }
+
     /// Checks every length and that the scale vectors are finite.
     ///
     /// # Errors

@@ -203,19 +203,19 @@ impl Kernel {
             let c0 = block * BLOCK_COLS;
             self.block_mid(&BlockJob { block, ..job }, mid, rest);
             for (i, &row) in job.rows.iter().enumerate() {
-                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], block, rout_eff, bias, &mut out);
+                let cols = c0..c0 + BLOCK_COLS;
+                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], &rout_eff[cols.clone()], bias.map(|b| &b[cols]), &mut out);
                 write(row, c0, &out);
             }
         }
     }
 }
 
-/// The output transform (+ bias) of one row's `mid` of output block
-/// `block` (consumed as scratch), widened to f32 in `out`; `rout_eff` and
-/// `bias` cover all outputs.
-pub(crate) fn finish_block(mid: &mut [f32], block: usize, rout_eff: &[f32], bias: Option<&[f32]>, out: &mut [f32; BLOCK_COLS]) {
-    let cols = block * BLOCK_COLS..(block + 1) * BLOCK_COLS;
+/// The output transform (+ bias) of one row's `mid` of one output block
+/// (consumed as scratch), widened to f32 in `out`; `rout_eff` and `bias`
+/// are the block's 128 columns'.
+pub(crate) fn finish_block(mid: &mut [f32], rout_eff: &[f32], bias: Option<&[f32]>, out: &mut [f32; BLOCK_COLS]) {
     let mut y16 = [half::f16::ZERO; BLOCK_COLS];
-    output_transform(mid, &rout_eff[cols.clone()], bias.map(|b| &b[cols]), &mut y16);
+    output_transform(mid, rout_eff, bias, &mut y16);
     y16.convert_to_f32_slice(out);
 }

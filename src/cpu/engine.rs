@@ -210,15 +210,14 @@ impl<'a> CpuEngine<'a> {
         };
         let row = groups.of(e)[0];
         let lin = self.moe.expert(e);
-        let mut rout_eff = vec![0f32; oc];
-        let mut out = [0f32; BLOCK_COLS];
+        let (mut rout_eff, mut out) = ([0f32; BLOCK_COLS], [0f32; BLOCK_COLS]);
         for tb in split(tail, ith, nth) {
             let block = nb - tail + tb;
             let cols = block * BLOCK_COLS..(block + 1) * BLOCK_COLS;
-            fold_into(&lin.rout[cols.clone()], lin.s_out.map(|s| &s[cols.clone()]), &mut rout_eff[cols.clone()]);
+            lin.rout_eff_into(cols.clone(), &mut rout_eff);
             // SAFETY: block tb of `tail_mid` is this caller's alone (2.).
             let mid = unsafe { std::slice::from_raw_parts_mut(tail_mid.add(tb * BLOCK_COLS), BLOCK_COLS) };
-            finish_block(mid, block, &rout_eff, lin.bias, &mut out);
+            finish_block(mid, &rout_eff, lin.bias.map(|b| &b[cols.clone()]), &mut out);
             // SAFETY: row < slots, the block's 128 columns are inside OC, and
             // no other caller writes them (1.).
             unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(row * oc + cols.start), BLOCK_COLS) };
@@ -289,8 +288,7 @@ impl<'a> CpuEngine<'a> {
                 }
                 let lin = self.moe.expert(e);
                 let cols = b0 * BLOCK_COLS..b1 * BLOCK_COLS;
-                let so = lin.s_out.map(|s| &s[cols.clone()]);
-                fold_into(&lin.rout[cols.clone()], so, &mut rout_eff[cols]);
+                lin.rout_eff_into(cols.clone(), &mut rout_eff[cols]);
                 let job = BlockJob { k, ic, oc, code: lin.code, xh, n_xrows: n_slots, rows, block: 0, tiles: ALL_TILES };
                 self.kernel.run_blocks(job, b0..b1, &rout_eff, lin.bias, scratch, |row, c0, v| {
                     // SAFETY: 1. row < slots (asserted by `Kernel::block_mid`)
