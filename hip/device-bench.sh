@@ -54,8 +54,15 @@
 #   iq2      the same for IQ2_XXS (llama-quantize of the small twin with a
 #            uniform importance matrix)
 #   bench    llama-bench pp512 / tg128, -ngl 99, every model present
+#   kernels  GPU time of token generation by kernel family (escha's GEMV
+#            and transforms, upstream's quantized GEMVs, attention, norms),
+#            per token, for every model present: `llama-bench -p 0 -n
+#            KERNELS_TOKENS` under Nsight Systems (or Nsight Compute where
+#            nsys is missing), summed by hip/bench/kernel-times.py
 #   graphs   llama-bench tg128 / pp512 with CUDA graphs and with
 #            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
+#   fusion   the same with upstream's CUDA fusions and with
+#            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
 #            GGML_CUDA_PDL=0
 #   early    the same with dense ops' early loads and with GGML_ESCHA_EARLY=0
@@ -477,10 +484,40 @@ for step in "$@"; do
                 $B/llama-bench -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o md 2>&1 | tee -a "$out/bench.md" | grep -E "pp512|tg128|error"
             done
         done ;;
+    kernels)
+        # Token generation only (-p 0); the warm-up generates one token,
+        # so a run covers n + 1 tokens plus the model's load (no kernels).
+        n=${KERNELS_TOKENS:-32}
+        for m in $MODELS; do
+            for f in $(model_files $m); do
+                b=$(basename "$f" .gguf)
+                if command -v nsys > /dev/null; then
+                    nsys profile -t cuda --cuda-graph-trace=node -o "$out/prof-$b" --force-overwrite true \
+                        $B/llama-bench -m "$f" -ngl 99 -p 0 -n "$n" -r 1 > "$out/kernels-$b.log" 2>&1 \
+                        || die "kernels: nsys on $f failed ($out/kernels-$b.log)"
+                    nsys stats -q -r cuda_gpu_kern_sum -f csv "$out/prof-$b.nsys-rep" > "$out/kern-$b.csv" 2>> "$out/kernels-$b.log"
+                    rm -f "$out/prof-$b.nsys-rep" "$out/prof-$b.sqlite"
+                else
+                    # ncu serialises every launch: fewer tokens, no graphs.
+                    n=${KERNELS_TOKENS:-4}
+                    GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                        $B/llama-bench -m "$f" -ngl 99 -p 0 -n "$n" -r 1 > "$out/kern-$b.csv" 2> "$out/kernels-$b.log" \
+                        || die "kernels: ncu on $f failed ($out/kernels-$b.log)"
+                fi
+                echo "== $b, $((n + 1)) tokens"
+                python3 hip/bench/kernel-times.py "$out/kern-$b.csv" $((n + 1)) | tee "$out/kernels-$b.txt" | head -n 14
+            done
+        done ;;
     graphs)
         # CUDA graphs (llama.cpp captures every graph whose properties stay
         # the same from one call to the next): with capture and without.
         bench_on_off graphs GGML_CUDA_DISABLE_GRAPHS=1 ;;
+    fusion)
+        # Upstream's CUDA fusions (a gate and an up matrix with their GLU
+        # in one quantized GEMV, a GEMV with the add after it), which
+        # quantized weights take and escha's ops do not: with them and with
+        # GGML_CUDA_DISABLE_FUSION=1.
+        bench_on_off fusion GGML_CUDA_DISABLE_FUSION=1 ;;
     pdl)
         # Programmatic dependent launch (escha's kernels and upstream's):
         # with it and with GGML_CUDA_PDL=0.
