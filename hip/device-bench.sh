@@ -2,7 +2,8 @@
 # The H200 measurements of docs/PERFORMANCE.md, in steps that each fit one
 # device call (run hip/device-build.sh first; results go to $OUT or ./out):
 #   parity   test-backend-ops ESCHA_LINEAR / ESCHA_MOE against the CPU, on the
-#            tensor-core path and on the SIMT path (the one HIP runs), MoE
+#            tensor-core path and on the SIMT path (the one HIP runs), dense
+#            also in the one-launch kernel (GGML_ESCHA_FUSED_DENSE=1), MoE
 #            also with its tensor-core prefill kernel (GGML_ESCHA_MOE_ROWS=100)
 #            and its decode slots in three launches (GGML_ESCHA_FUSED=0)
 #   broken   parity with a deliberately wrong decode (each lane's state
@@ -61,6 +62,8 @@
 #            nsys is missing), summed by hip/bench/kernel-times.py
 #   graphs   llama-bench tg128 / pp512 with CUDA graphs and with
 #            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
+#   fused-dense  the same as shipped and with GGML_ESCHA_FUSED_DENSE=1
+#            (dense ops of 1-4 rows in the one-launch kernel)
 #   fusion   the same with upstream's CUDA fusions and with
 #            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
@@ -265,9 +268,9 @@ for step in "$@"; do
         # at once (each is mostly its CPU reference), then checked.
         runs=()
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            for path in tensor-cores simt $([ $op = ESCHA_MOE ] && echo moe-mma unfused); do
+            for path in tensor-cores simt $([ $op = ESCHA_MOE ] && echo moe-mma unfused) $([ $op = ESCHA_LINEAR ] && echo fused-dense); do
                 case $path in
-                    simt) env=(GGML_ESCHA_SIMT=1) ;; unfused) env=(GGML_ESCHA_FUSED=0) ;;
+                    simt) env=(GGML_ESCHA_SIMT=1) ;; unfused) env=(GGML_ESCHA_FUSED=0) ;; fused-dense) env=(GGML_ESCHA_FUSED_DENSE=1) ;;
                     moe-mma) env=(GGML_ESCHA_MOE_ROWS=100) ;; *) env=() ;;
                 esac
                 env "${env[@]}" $B/test-backend-ops -b CUDA0 -o $op > "$out/parity-$path-$op.log" 2>&1 &
@@ -512,6 +515,11 @@ for step in "$@"; do
         # CUDA graphs (llama.cpp captures every graph whose properties stay
         # the same from one call to the next): with capture and without.
         bench_on_off graphs GGML_CUDA_DISABLE_GRAPHS=1 ;;
+    fused-dense)
+        # Dense ops of 1-4 rows in the one-launch kernel (MoE decode
+        # slots' kernel): as shipped ("on", three launches) and with
+        # GGML_ESCHA_FUSED_DENSE=1 ("off" in the logs' names).
+        bench_on_off fused-dense GGML_ESCHA_FUSED_DENSE=1 ;;
     fusion)
         # Upstream's CUDA fusions (a gate and an up matrix with their GLU
         # in one quantized GEMV, a GEMV with the add after it), which

@@ -207,9 +207,12 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
 // many rows take the BLAS path (0: never). fused_max_rows: groups of at
 // most this many rows take the fused GEMV (0: never). moe_rows: GROUPED
 // blocks sized for this many rows (0: escha_cuda_moe_block_rows).
+// fused_dense: dense ops of at most fused_max_rows rows take the fused GEMV
+// too (GGML_ESCHA_FUSED_DENSE, for measuring it inside a model).
 static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
                                                    int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows,
-                                                   int64_t moe_rows = 0, int fused_ntw = ESCHA_CUDA_FUSED_NTW) {
+                                                   int64_t moe_rows = 0, int fused_ntw = ESCHA_CUDA_FUSED_NTW,
+                                                   bool fused_dense = false) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t grouped   = moe_rows > 0 ? moe_rows : escha_cuda_moe_block_rows(n_rows, n_expert);
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : grouped);
@@ -221,7 +224,8 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
     // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
     // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
     // per-warp xh comes before the decode), so dense ops keep three launches.
-    const bool fused = family == ESCHA_CUDA_GEMV && mode == ESCHA_CUDA_PER_SLOT && per_group <= fused_max_rows && nt % 8 == 0;
+    const bool fused = family == ESCHA_CUDA_GEMV && (mode == ESCHA_CUDA_PER_SLOT || (fused_dense && mode == ESCHA_CUDA_DENSE)) &&
+                       per_group <= fused_max_rows && nt % 8 == 0;
     return fused ? escha_cuda_fuse(p, nt, warps, fused_ntw) : p;
 }
 

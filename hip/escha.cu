@@ -131,6 +131,13 @@ static int64_t escha_fused_max_rows() {
     return v;
 }
 
+// GGML_ESCHA_FUSED_DENSE=1: dense ops of few rows take the fused kernel
+// too (the plan gives it MoE decode slots only), read once.
+static bool escha_fused_dense() {
+    static const bool v = escha_env_switch(getenv("GGML_ESCHA_FUSED_DENSE"));
+    return v;
+}
+
 #ifndef GGML_USE_HIP
 // The fused kernel's state between ops: mid (f32 sums) and the arrival
 // counts, all 0 whenever no fused kernel runs (each one puts back what it
@@ -282,7 +289,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
 #endif
     auto make_plan = [&](const int64_t fused_max_rows) {
         return escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                    escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw());
+                                    escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw(),
+                                    escha_fused_dense());
     };
     escha_cuda_plan plan = make_plan(escha_fused_max_rows());
     float    * fused_mid    = nullptr;
