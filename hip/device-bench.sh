@@ -490,19 +490,18 @@ for step in "$@"; do
     kernels)
         # Token generation only (-p 0); the warm-up generates one token,
         # so a run covers n + 1 tokens plus the model's load (no kernels).
-        n=${KERNELS_TOKENS:-32}
+        # ncu serialises every launch: fewer tokens, no graphs.
+        if command -v nsys > /dev/null; then prof=nsys n=${KERNELS_TOKENS:-32}; else prof=ncu n=${KERNELS_TOKENS:-4}; fi
         for m in $MODELS; do
             for f in $(model_files $m); do
                 b=$(basename "$f" .gguf)
-                if command -v nsys > /dev/null; then
+                if [ $prof = nsys ]; then
                     nsys profile -t cuda --cuda-graph-trace=node -o "$out/prof-$b" --force-overwrite true \
                         $B/llama-bench -m "$f" -ngl 99 -p 0 -n "$n" -r 1 > "$out/kernels-$b.log" 2>&1 \
                         || die "kernels: nsys on $f failed ($out/kernels-$b.log)"
                     nsys stats -q -r cuda_gpu_kern_sum -f csv "$out/prof-$b.nsys-rep" > "$out/kern-$b.csv" 2>> "$out/kernels-$b.log"
                     rm -f "$out/prof-$b.nsys-rep" "$out/prof-$b.sqlite"
                 else
-                    # ncu serialises every launch: fewer tokens, no graphs.
-                    n=${KERNELS_TOKENS:-4}
                     GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
                         $B/llama-bench -m "$f" -ngl 99 -p 0 -n "$n" -r 1 > "$out/kern-$b.csv" 2> "$out/kernels-$b.log" \
                         || die "kernels: ncu on $f failed ($out/kernels-$b.log)"

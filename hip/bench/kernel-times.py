@@ -17,6 +17,10 @@ import sys
 from collections import defaultdict
 
 
+# Microseconds per unit of ncu's time metrics (short and long spellings).
+US_PER = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+
+
 def family(name: str) -> str:
     name = re.sub(r"^void ", "", name.strip())
     m = re.match(r"([\w:]+)(?:<([^,>]*))?", name)
@@ -35,9 +39,8 @@ def rows(path: str):
         if "Total Time (ns)" in r:  # nsys cuda_gpu_kern_sum
             yield r["Name"], float(r["Total Time (ns)"]) / 1e3
         elif r.get("Metric Name") == "gpu__time_duration.sum":  # ncu, one row per launch
-            unit = r.get("Metric Unit", "nsecond")
             v = float(r["Metric Value"].replace(",", ""))
-            yield r["Kernel Name"], v / 1e3 if unit.startswith("n") else v * (1e3 if unit.startswith("m") else 1)
+            yield r["Kernel Name"], v * US_PER[r.get("Metric Unit", "ns")]
 
 
 def main() -> int:

@@ -201,10 +201,11 @@ impl Kernel {
         let mut out = [0f32; BLOCK_COLS];
         for block in blocks {
             let c0 = block * BLOCK_COLS;
+            let cols = c0..c0 + BLOCK_COLS;
+            let (rout_blk, bias_blk) = (&rout_eff[cols.clone()], bias.map(|b| &b[cols]));
             self.block_mid(&BlockJob { block, ..job }, mid, rest);
             for (i, &row) in job.rows.iter().enumerate() {
-                let cols = c0..c0 + BLOCK_COLS;
-                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], &rout_eff[cols.clone()], bias.map(|b| &b[cols]), &mut out);
+                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], rout_blk, bias_blk, &mut out);
                 write(row, c0, &out);
             }
         }
