@@ -49,8 +49,12 @@ def main() -> int:
         return 2
     tokens = float(sys.argv[2])
     fam = defaultdict(float)
-    for name, us in rows(sys.argv[1]):
-        fam[family(name)] += us
+    try:
+        for name, us in rows(sys.argv[1]):
+            fam[family(name)] += us
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{sys.argv[1]}: not a kernel summary this script reads ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     total = sum(fam.values())
     if total == 0:
         print(f"{sys.argv[1]}: no kernel times found", file=sys.stderr)
