@@ -658,6 +658,13 @@ struct escha_group {
 // (block x = output block + n_x * group). init() is false for a warp past
 // the output edge or with an empty split; g.count may still be 0 (a slot
 // with a bad id, whose outputs the fused kernel still writes).
+// edge_last: a warp past the output edge still sets up its group and split
+// before it gets false. Same result; for the token-generation kernel nvcc
+// 13 then allocates 56 registers instead of 62-63 and its loop takes 48.5
+// instructions a tile instead of 49.75 (K=2; K=3 52.75 instead of 54.5), 9
+// blocks an SM instead of 8 (docs/PERFORMANCE.md). The prefill kernel keeps
+// the early return (with edge_last its register count moved too, and its
+// 512-row times went both ways).
 // code: the group's expert at tile (0, nt0); kq: the lane's k pair (and
 // +8) in a tile.
 struct escha_warp_work {
@@ -666,10 +673,11 @@ struct escha_warp_work {
     const uint32_t * code;
     int64_t          kt_stride; // words from one tile row to the next
 
-    __device__ __forceinline__ bool init(const escha_mm_args & a, const int ntw, const int rows, const int words_per_tile) {
+    __device__ __forceinline__ bool init(const escha_mm_args & a, const int ntw, const int rows, const int words_per_tile,
+                                         const bool edge_last = false) {
         lane = threadIdx.x % ESCHA_LANES;
         nt0  = ((blockIdx.x % a.n_x) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
-        if (nt0 >= a.NT) {
+        if (!edge_last && nt0 >= a.NT) {
             return false;
         }
         kt_begin = blockIdx.y * a.kt_chunk;
@@ -681,7 +689,7 @@ struct escha_warp_work {
         code      = a.code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
         kt_stride = (int64_t) a.NT * words_per_tile;
         kq        = (lane % 4) * 2;
-        return true;
+        return nt0 < a.NT;
     }
 };
 
@@ -879,7 +887,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         escha_kernel_begin(); // before init, which reads the ids
     }
     escha_warp_work work;
-    if (!work.init(a, NTW, ROWS, W) || (!FUSED && work.g.count == 0)) {
+    if (!work.init(a, NTW, ROWS, W, !FUSED) || (!FUSED && work.g.count == 0)) {
         return;
     }
     const escha_lane_bits<K> lb(work.lane);
@@ -888,7 +896,9 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
 
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
-    // output columns that are never stored, and no load is predicated.
+    // output columns that are never stored, and no load is predicated. The
+    // fused kernel stages its own xh here; the others point into xh after
+    // the wait (below).
     const half * xr[NB];
     if constexpr (FUSED) {
         constexpr int CH = ESCHA_CUDA_FUSED_KT_MAX * 16;
@@ -908,12 +918,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         escha_syncwarp(); // each lane reads other lanes' xh
         const int slot = lane / 4;
         xr[0] = xs + (slot < g.count ? slot : 0) * CH + kq;
-    } else {
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            const int64_t r = g.row(nb * 8 + lane / 4);
-            xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
-        }
     }
     // The lane's code words at tile row kt: q[i] + w * W for tile column
     // nt0 + w (compile-time offsets from one pointer per word).
@@ -957,6 +961,13 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     }
     if (early) {
         escha_kernel_begin(); // xh is complete from here
+    }
+    if constexpr (!FUSED) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const int64_t r = g.row(nb * 8 + lane / 4);
+            xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+        }
     }
     if (any) {
         load_x(X);

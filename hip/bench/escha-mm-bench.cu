@@ -168,11 +168,71 @@ static void run_op(const int IC, const int OC, const int nsm) {
            K, IC, OC, us_op, us_mm, us_tr);
 }
 
+// A MoE decode step's experts (one token, n_used slots of n_expert
+// experts): the fused one-launch GEMV as escha.cu runs the decode slots
+// (PER_SLOT, input and output transform inside), back to back.
+template <int K>
+static void run_moe_slots(const int IC, const int OC, const int n_expert, const int n_used, const int nsm) {
+    const int KT = IC / 16, NT = OC / 16;
+    const size_t n_code = (size_t) KT * NT * 16 * K; // int16 per expert
+    std::mt19937 rng(7);
+    std::vector<int16_t> code(n_code * n_expert);
+    for (auto & c : code) c = (int16_t) (rng() & 0xFFFF);
+    std::vector<float> x((size_t) IC * n_used);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    for (auto & v : x) v = uni(rng);
+    std::vector<half> ones((size_t) n_expert * std::max(IC, OC), __float2half(1.0f));
+    std::vector<int32_t> ids(n_used);
+    for (int u = 0; u < n_used; u++) ids[u] = (int32_t) ((u * 37 + 11) % n_expert);
+    int16_t * d_code; float * d_x; half * d_v; int32_t * d_ids; float * d_mid; unsigned * d_arrive; float * d_y;
+    const int n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
+    CUDA_CHECK(cudaMalloc(&d_code, code.size() * 2));
+    CUDA_CHECK(cudaMalloc(&d_x, x.size() * 4));
+    CUDA_CHECK(cudaMalloc(&d_v, ones.size() * 2));
+    CUDA_CHECK(cudaMalloc(&d_ids, n_used * 4));
+    CUDA_CHECK(cudaMalloc(&d_mid, (size_t) n_used * OC * 4));
+    CUDA_CHECK(cudaMalloc(&d_arrive, (size_t) n_used * (OC / 128) * 4));
+    CUDA_CHECK(cudaMalloc(&d_y, (size_t) n_used * OC * 4));
+    CUDA_CHECK(cudaMemcpy(d_code, code.data(), code.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_v, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), n_used * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_mid, 0, (size_t) n_used * OC * 4));
+    CUDA_CHECK(cudaMemset(d_arrive, 0, (size_t) n_used * (OC / 128) * 4));
+    escha_rows rows = {};
+    rows.x = (const char *) d_x; rows.nb1 = (int64_t) IC * 4; rows.nb2 = (int64_t) IC * 4 * n_used; rows.nb3 = 0;
+    rows.ne1 = n_used; rows.ne2 = 1; rows.nx1 = n_used; rows.ids = d_ids; rows.si1 = n_used; rows.n_expert = n_expert;
+    escha_vecs v = {};
+    v.rin = d_v; v.rin_es = IC; v.rout = d_v; v.rout_es = OC;
+    escha_mm_args a = {};
+    a.code = (const uint32_t *) d_code; a.code_es = (int64_t) n_code / 2; a.mid = d_mid; a.arrive = d_arrive;
+    a.rows = rows; a.v = v; a.dst = d_y;
+    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = 1;
+    a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = n_x; a.code_early = false;
+    for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(a, n_used, n_used, nsm, 0);
+    timer t;
+    t.start();
+    for (int i = 0; i < 1000; i++) escha_launch_gemv<K, 4, 1, true>(a, n_used, n_used, nsm, 0);
+    const float us = t.stop_ms();
+    std::vector<float> y((size_t) n_used * OC);
+    CUDA_CHECK(cudaMemcpy(y.data(), d_y, y.size() * 4, cudaMemcpyDeviceToHost));
+    double cs = 0;
+    for (float f : y) cs += f;
+    printf("moe slots K=%d %d -> %d, %d of %d experts, fused kernel: %.2f us  cs %.6e\n", K, IC, OC, n_used, n_expert, us, cs);
+    CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_ids));
+    CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_arrive)); CUDA_CHECK(cudaFree(d_y));
+}
+
 int main() {
     cudaDeviceProp p;
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     const int nsm = p.multiProcessorCount;
     printf("%s, %d SMs\n", p.name, nsm);
+    if (getenv("ESCHA_BENCH_MOE_SLOTS")) { // the 35B-A3B's decode slots: gate_up, down
+        run_moe_slots<2>(2048, 1024, 256, 8, nsm);
+        run_moe_slots<3>(512, 2048, 256, 8, nsm);
+        return 0;
+    }
     // One shape, for a profiler: 2 (default) or 3 at one row, 32 (a 32-row
     // block) or 64 (one 64-row block, which the plan no longer takes) rows.
     if (const char * only = getenv("ESCHA_BENCH_GEMV_ONLY")) {
