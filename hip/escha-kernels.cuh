@@ -664,7 +664,8 @@ struct escha_group {
 // instructions a tile instead of 49.75 (K=2; K=3 52.75 instead of 54.5), 9
 // blocks an SM instead of 8 (docs/PERFORMANCE.md). The prefill kernel keeps
 // the early return (with edge_last its register count moved too, and its
-// 512-row times went both ways).
+// 512-row times went both ways), and so does the fused kernel (not timed
+// with edge_last).
 // code: the group's expert at tile (0, nt0); kq: the lane's k pair (and
 // +8) in a tile.
 struct escha_warp_work {

@@ -185,7 +185,13 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     std::vector<int32_t> ids(n_used);
     for (int u = 0; u < n_used; u++) ids[u] = (int32_t) ((u * 37 + 11) % n_expert);
     int16_t * d_code; float * d_x; half * d_v; int32_t * d_ids; float * d_mid; unsigned * d_arrive; float * d_y;
-    const int n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
+    // escha.cu's plan for these slots: the fused kernel's grid (tiles a warp, blocks along the outputs)
+    const escha_cuda_plan plan = escha_cuda_make_plan(true, n_used, 1, n_expert, NT, ESCHA_WARPS, true,
+                                                      ESCHA_CUDA_BLAS_MIN_ROWS, ESCHA_CUDA_FUSED_MAX_ROWS);
+    if (!plan.fused || plan.ntw != 4) {
+        fprintf(stderr, "moe slots %d -> %d: the plan does not take the 4-tile fused kernel\n", IC, OC);
+        exit(1);
+    }
     CUDA_CHECK(cudaMalloc(&d_code, code.size() * 2));
     CUDA_CHECK(cudaMalloc(&d_x, x.size() * 4));
     CUDA_CHECK(cudaMalloc(&d_v, ones.size() * 2));
@@ -207,12 +213,12 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     escha_mm_args a = {};
     a.code = (const uint32_t *) d_code; a.code_es = (int64_t) n_code / 2; a.mid = d_mid; a.arrive = d_arrive;
     a.rows = rows; a.v = v; a.dst = d_y;
-    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = 1;
-    a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = n_x; a.code_early = false;
-    for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(a, n_used, n_used, nsm, 0);
+    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = plan.mode;
+    a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = (int) plan.n_x; a.code_early = false;
+    for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
     timer t;
     t.start();
-    for (int i = 0; i < 1000; i++) escha_launch_gemv<K, 4, 1, true>(a, n_used, n_used, nsm, 0);
+    for (int i = 0; i < 1000; i++) escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
     const float us = t.stop_ms();
     std::vector<float> y((size_t) n_used * OC);
     CUDA_CHECK(cudaMemcpy(y.data(), d_y, y.size() * 4, cudaMemcpyDeviceToHost));
