@@ -24,11 +24,22 @@ for v in "$@"; do
 done
 wait
 for name in "${names[@]}"; do
-    echo "=== $name"
-    [ -x "$src/bench-$name" ] || { cat "$out/nvcc-$name.log"; continue; }
-    rm -f "$out/nvcc-$name.log"
-    "$src/bench-$name" > "$out/bench-$name.txt"
-    grep -E "SMs|^K=|split|^op" "$out/bench-$name.txt" | sed -E 's/checksum/cs/; s/ +/ /g'
+    [ -x "$src/bench-$name" ] || { echo "=== $name"; cat "$out/nvcc-$name.log"; }
+    rm -f "$out/nvcc-$name.log" "$out/bench-$name.txt"
+done
+# ESCHA_BENCH_ROUNDS=n: the variants n times in turn (drift between runs
+# shows as spread within a variant); ESCHA_BENCH_WITH_MOE=1: each run also
+# times the 35B's MoE decode slots (ESCHA_BENCH_MOE_SLOTS).
+for round in $(seq "${ESCHA_BENCH_ROUNDS:-1}"); do
+    for name in "${names[@]}"; do
+        [ -x "$src/bench-$name" ] || continue
+        echo "=== $name (round $round)"
+        "$src/bench-$name" > "$out/bench-$name-run.txt"
+        [ "${ESCHA_BENCH_WITH_MOE:-0}" = 1 ] && ESCHA_BENCH_MOE_SLOTS=1 "$src/bench-$name" >> "$out/bench-$name-run.txt"
+        cat "$out/bench-$name-run.txt" >> "$out/bench-$name.txt"
+        grep -E "SMs|^K=|split|^op|^moe" "$out/bench-$name-run.txt" | grep -v SMs | sed -E 's/checksum/cs/; s/ +/ /g'
+        rm -f "$out/bench-$name-run.txt"
+    done
 done
 [ "${ESCHA_BENCH_PROFILE:-1}" = 1 ] || exit 0
 for name in "${names[@]}"; do

@@ -45,6 +45,29 @@ static void (*kernel_of())(escha_mm_args) {
     }
 }
 
+// The code (of code_bytes, set by run_shape) and, with ESCHA_BENCH_COLD, as
+// many copies of it as make 256 MB, for the timed launches to go round.
+static size_t code_bytes = 0;
+static std::vector<const uint32_t *> copies; // [0]: the shape's own code
+static void cold_release() { // before the shape frees its code
+    for (size_t i = 1; i < copies.size(); i++) CUDA_CHECK(cudaFree((void *) copies[i]));
+    copies.clear();
+}
+static const std::vector<const uint32_t *> & cold_copies(const uint32_t * code) {
+    if (copies.empty() || copies[0] != code) {
+        cold_release();
+        copies = { code };
+        const size_t n = getenv("ESCHA_BENCH_COLD") ? (256u << 20) / code_bytes + 1 : 1;
+        for (size_t i = 1; i < n; i++) {
+            void * p;
+            CUDA_CHECK(cudaMalloc(&p, code_bytes));
+            CUDA_CHECK(cudaMemcpy(p, code, code_bytes, cudaMemcpyDeviceToDevice));
+            copies.push_back((const uint32_t *) p);
+        }
+    }
+    return copies;
+}
+
 template <int K, int NTW, int ROWS, bool GEMV = (ROWS <= 16)>
 static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) {
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
@@ -61,10 +84,17 @@ static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) 
     double s = 0;
     for (float v : h) s += v;
     *checksum = s;
+    // Cold (ESCHA_BENCH_COLD): each launch reads the next of the copies of
+    // the code, which together exceed L2 (the model streams its weights
+    // from HBM; one weight of the 27B fits in the H200's 50 MB of L2).
+    const std::vector<const uint32_t *> & codes = cold_copies(a.code);
     for (int i = 0; i < 5; i++) kernel<<<grid, ESCHA_THREADS>>>(a);
     timer t;
     t.start();
-    for (int i = 0; i < iters; i++) kernel<<<grid, ESCHA_THREADS>>>(a);
+    for (int i = 0; i < iters; i++) {
+        a.code = codes[i % codes.size()];
+        kernel<<<grid, ESCHA_THREADS>>>(a);
+    }
     const float ms = t.stop_ms();
     CUDA_CHECK(cudaGetLastError());
     return ms * 1000.0f / iters;
@@ -86,6 +116,7 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     CUDA_CHECK(cudaMalloc(&d_mid, (size_t) M * OC * 4));
     CUDA_CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_xh, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+    code_bytes = n_code * 2;
 
     escha_mm_args a = {};
     a.code = (const uint32_t *) d_code; a.code_es = 0; a.xh = d_xh; a.mid = d_mid;
@@ -102,6 +133,12 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
            "two waves %d, shipped %d\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
     std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, shipped, one_wave * 4, std::max(1, KT / 16)};
+    if (getenv("ESCHA_BENCH_SWEEP")) { // grids of half a wave to four waves
+        splits = {shipped};
+        for (int f : {2, 3, 4, 5, 6, 8, 10, 12, 16}) {
+            splits.push_back(std::max(1, std::min(KT / 8, one_wave * f / 4)));
+        }
+    }
     for (int ks : splits) {
         if (ks > KT / 4) continue;
         double cs;
@@ -112,6 +149,7 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
         printf("  split %3d (%5d blocks, %.2f waves): %8.2f us  %6.3f T weights/s (x%d rows)  %6.0f GB/s of code  checksum %.6e\n",
                real, blocks * real, (double) blocks * real / (per_sm * nsm), us, w * M / us * 1e-6, M, w * K / 8 / us * 1e-3, cs);
     }
+    cold_release();
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_xh)); CUDA_CHECK(cudaFree(d_mid));
 }
 
@@ -144,15 +182,26 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
     a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
     a.code_early = true; // as escha.cu runs a dense op
+    // The three kernels launched as escha.cu launches them (dependent
+    // launches on Hopper); with ESCHA_BENCH_COLD each op reads the next copy
+    // of the code, as a model's ops stream theirs from HBM.
+    code_bytes = n_code * 2;
+    const std::vector<const uint32_t *> & codes = cold_copies(a.code);
     auto op = [&]() {
-        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4, true);
+        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_xh,
+                            (int64_t) 1, IC, (float4 *) d_mid, (int64_t) (OC / 4), true);
         escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
-        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC, true);
+        escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_mid,
+                            d_y, (int64_t) 1, OC, true);
     };
     for (int i = 0; i < 5; i++) op();
     timer t;
     t.start();
-    for (int i = 0; i < 500; i++) op();
+    for (int i = 0; i < 500; i++) {
+        a.code = codes[i % codes.size()];
+        op();
+    }
+    a.code = codes[0];
     const float us_op = t.stop_ms() * 2.0f;
     t.start();
     for (int i = 0; i < 500; i++) escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
@@ -166,6 +215,9 @@ static void run_op(const int IC, const int OC, const int nsm) {
     CUDA_CHECK(cudaGetLastError());
     printf("op K=%d %d -> %d, batch 1, stream launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
            K, IC, OC, us_op, us_mm, us_tr);
+    cold_release();
+    CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_xh));
+    CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_y));
 }
 
 // A MoE decode step's experts (one token, n_used slots of n_expert
@@ -251,6 +303,25 @@ int main() {
         } else {
             run_shape<2, 4, 8>(5120, 17408, 1, nsm);
         }
+        return 0;
+    }
+    if (getenv("ESCHA_BENCH_OPS")) { // whole ops at one row, the 27B's shapes (escha.cu's launches and plan)
+        run_op<2>(5120, 17408, nsm);
+        run_op<3>(5120, 17408, nsm);
+        run_op<3>(17408, 5120, nsm);
+        run_op<2>(5120, 12288, nsm);
+        run_op<2>(5120, 10240, nsm);
+        run_op<2>(5120, 6144, nsm);
+        run_op<2>(6144, 5120, nsm);
+        return 0;
+    }
+    if (getenv("ESCHA_BENCH_27B")) { // the 27B's other projections at one row (up is K=3 at gate's shape)
+        run_shape<3, 4, 8>(5120, 17408, 1, nsm);
+        run_shape<2, 4, 8>(5120, 12288, 1, nsm);
+        run_shape<2, 4, 8>(5120, 10240, 1, nsm);
+        run_shape<2, 4, 8>(5120, 6144, 1, nsm);
+        run_shape<2, 4, 8>(6144, 5120, 1, nsm);
+        run_shape<2, 4, 8>(5120, 1024, 1, nsm);
         return 0;
     }
     run_shape<2, 4, 8>(5120, 17408, 1, nsm);
