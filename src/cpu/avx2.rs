@@ -63,10 +63,12 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 ///   (`HALF_MASK_F32`, which also clears what the shift brought in);
 /// - the two halves' f32 sum is exact (both are multiples of 2^-13 below 2
 ///   in magnitude, times 2^-112);
-/// - Veltkamp's split by 2^13 + 1 (`c = x * 8193`, `c - (c - x)`) rounds it
-///   to f16's 11 significant bits, to nearest even, as the contract's f16
-///   addition does, with the default rounding mode. The result is zero or
-///   normal, as a nonzero sum is a multiple of 2^-125.
+/// - Veltkamp's split by 2^13 + 1 rounds it to f16's 11 significant bits,
+///   to nearest even, as the contract's f16 addition does, with the default
+///   rounding mode: `c = x * 8193`, then `c - 8192 x` in one FMA (exact:
+///   it is x rounded to 11 bits, the high part of the split; one operation
+///   fewer than `c - (c - x)`). The result is zero or normal, as a nonzero
+///   sum is a multiple of 2^-125.
 ///
 /// `codebook_scaled_is_exact` checks all 65536 states.
 ///
@@ -81,7 +83,7 @@ unsafe fn cb8_scaled(s: __m256i) -> __m256 {
     let lo = _mm256_xor_si256(_mm256_and_si256(_mm256_madd_epi16(h, _mm256_set1_epi32(1 << 13)), m), x);
     let x = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
     let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));
-    _mm256_sub_ps(c, _mm256_sub_ps(c, x))
+    _mm256_fnmadd_ps(x, _mm256_set1_ps(8192.0), c)
 }
 
 /// Codebook values of 8 states, exact ([`cb8_scaled`] times 2^112).
