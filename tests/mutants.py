@@ -213,14 +213,14 @@ MUTANTS = CUDA_KERNEL + [
       "metal_glue_moe", "op parser (the glue's): MoE vector sources read at the dense indices"),
     # ---- Rust CPU ---------------------------------------------------------------
     M("avx2-cb-ulp", "fast", "src/cpu/avx2.rs",
-      "    _mm256_sub_ps(c, _mm256_sub_ps(c, x))\n}",
-      "    let v = _mm256_sub_ps(c, _mm256_sub_ps(c, x));\n"
+      "    _mm256_fnmadd_ps(x, _mm256_set1_ps(8192.0), c)\n}",
+      "    let v = _mm256_fnmadd_ps(x, _mm256_set1_ps(8192.0), c);\n"
       "    let hit = _mm256_cmpeq_epi32(_mm256_and_si256(s, _mm256_set1_epi32(255)), _mm256_set1_epi32(90));\n"
       "    _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_and_si256(hit, _mm256_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX2 codebook one f16 ulp off for 1/256 of the states", needs="avx2"),
     M("avx2-cb-round-12-bits", "fast", "src/cpu/avx2.rs",
-      "let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));",
-      "let c = _mm256_mul_ps(x, _mm256_set1_ps(4097.0));",
+      "let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));\n    _mm256_fnmadd_ps(x, _mm256_set1_ps(8192.0), c)",
+      "let c = _mm256_mul_ps(x, _mm256_set1_ps(4097.0));\n    _mm256_fnmadd_ps(x, _mm256_set1_ps(4096.0), c)",
       "stage_tests", "AVX2 codebook sums rounded to 12 significant bits, not f16's 11", needs="avx2"),
     M("avx2-gemv-ext-ahead", "fast", "src/cpu/avx2.rs",
       "job.load_ext::<K>(kt, nt0 + tl + 1, next);", "job.load_ext::<K>(kt, nt0 + tl, next);",
@@ -255,8 +255,8 @@ MUTANTS = CUDA_KERNEL + [
       "v[g][2 * p + 1] = _mm512_mul_ps(b, scale);", "v[g][2 * p + 1] = b;",
       "stage_tests", "AVX-512 VBMI batched tile decode: odd values left at 2^-112 of the weight", needs="avx512_vbmi2"),
     M("avx512vbmi-round-12-bits", "fast", "src/cpu/avx512.rs",
-      "        let c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0));",
-      "        let c = _mm512_mul_ps(v, _mm512_set1_ps(4097.0));",
+      "        let c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0));\n        _mm512_fnmadd_ps(v, _mm512_set1_ps(8192.0), c)",
+      "        let c = _mm512_mul_ps(v, _mm512_set1_ps(4097.0));\n        _mm512_fnmadd_ps(v, _mm512_set1_ps(4096.0), c)",
       "stage_tests", "AVX-512 VBMI GEMV codebook sums rounded to 12 significant bits, not f16's 11", needs="avx512_vbmi2"),
     M("avx512vbmi-gemv-rows-input", "fast", "src/cpu/avx512.rs",
       "*c = _mm512_fmadd_ps(a, xv[r][(2 * p) & 3], *c);",
