@@ -201,10 +201,12 @@ static void run_op(const int IC, const int OC, const int nsm) {
         a.code = codes[i % codes.size()];
         op();
     }
-    a.code = codes[0];
     const float us_op = t.stop_ms() * 2.0f;
     t.start();
-    for (int i = 0; i < 500; i++) escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+    for (int i = 0; i < 500; i++) {
+        a.code = codes[i % codes.size()];
+        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+    }
     const float us_mm = t.stop_ms() * 2.0f;
     t.start();
     for (int i = 0; i < 500; i++) {
