@@ -35,6 +35,12 @@
 #            greedy generation with and without --spec-type draft-mtp
 #   mtp-gen  the mtp step's models alone (no build needed: run it while
 #            building, DENSE_LAYERS as for mtp)
+#   ops      whole ops of the 27B's shapes at one row, their three kernels
+#            launched as escha.cu launches them (dependent launches) and their
+#            code cold beyond L2 (hip/bench, ESCHA_BENCH_OPS and _COLD: the
+#            harness figures that ranked grid changes as the model did),
+#            OPS_ROUNDS times (2); OPS_VARIANTS="name=-DFLAG ..." builds more
+#            than the shipped kernels (needs only nvcc)
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
@@ -414,6 +420,10 @@ for step in "$@"; do
             || { tail -n 20 "$out/decode-check-build.log"; die "decode: building the check failed"; }
         .device-build/escha-decode-check | tee "$out/decode-check.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "decode: weights differ from the C reference" ;;
+    ops)
+        ESCHA_BENCH_OPS=1 ESCHA_BENCH_COLD=1 ESCHA_BENCH_PROFILE=0 ESCHA_BENCH_ROUNDS=${OPS_ROUNDS:-2} OUT=$out \
+            bash hip/bench/compare.sh shipped= ${OPS_VARIANTS:-} | tee "$out/ops.log"
+        [ "${PIPESTATUS[0]}" = 0 ] && grep -q "^op K=" "$out/ops.log" || die "ops: the harness did not run" ;;
     decode-variants)
         # Store-pattern variants of the decode-once kernel (16-byte stores
         # after a quad transpose, warp and block tile orders, a shared-memory
