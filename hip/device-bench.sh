@@ -39,8 +39,8 @@
 #            launched as escha.cu launches them (dependent launches) and their
 #            code cold beyond L2 (hip/bench, ESCHA_BENCH_OPS and _COLD: the
 #            harness figures that ranked grid changes as the model did),
-#            OPS_ROUNDS times (2); OPS_VARIANTS="name=-DFLAG ..." builds more
-#            than the shipped kernels (needs only nvcc)
+#            OPS_ROUNDS times (2); OPS_VARIANTS="name=-DFLAG ..." (one flag a
+#            name) builds more than the shipped kernels (needs only nvcc)
 #   decode-variants  store-pattern variants of that kernel (hip/bench/
 #            escha-decode-variants.cu) timed against it and the write
 #            roofline, each bit for bit equal to it (needs only nvcc)
@@ -421,9 +421,15 @@ for step in "$@"; do
         .device-build/escha-decode-check | tee "$out/decode-check.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "decode: weights differ from the C reference" ;;
     ops)
-        ESCHA_BENCH_OPS=1 ESCHA_BENCH_COLD=1 ESCHA_BENCH_PROFILE=0 ESCHA_BENCH_ROUNDS=${OPS_ROUNDS:-2} OUT=$out \
-            bash hip/bench/compare.sh shipped= ${OPS_VARIANTS:-} | tee "$out/ops.log"
-        [ "${PIPESTATUS[0]}" = 0 ] && grep -q "^op K=" "$out/ops.log" || die "ops: the harness did not run" ;;
+        # OPS_VARIANTS: words NAME=-DFLAG, one flag each (compare.sh's form).
+        read -ra variants <<<"${OPS_VARIANTS:-}"
+        rounds=${OPS_ROUNDS:-2}
+        ESCHA_BENCH_OPS=1 ESCHA_BENCH_COLD=1 ESCHA_BENCH_PROFILE=0 ESCHA_BENCH_ROUNDS=$rounds OUT=$out \
+            bash hip/bench/compare.sh shipped= "${variants[@]}" | tee "$out/ops.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || die "ops: a build or run failed ($out/ops.log)"
+        # 7 ops a run (escha-mm-bench's ESCHA_BENCH_OPS list)
+        want=$((7 * rounds * (1 + ${#variants[@]})))
+        [ "$(grep -c '^op K=' "$out/ops.log")" = $want ] || die "ops: not $want op lines ($out/ops.log)" ;;
     decode-variants)
         # Store-pattern variants of the decode-once kernel (16-byte stores
         # after a quad transpose, warp and block tile orders, a shared-memory

@@ -23,9 +23,16 @@ for v in "$@"; do
         -Xlinker --unresolved-symbols=ignore-all -o "$src/bench-$name" hip/bench/escha-mm-bench.cu > "$out/nvcc-$name.log" 2>&1 &
 done
 wait
+# status: 1 when a variant failed to build or a run failed (the timings
+# that did run are still printed)
+status=0
 for name in "${names[@]}"; do
-    [ -x "$src/bench-$name" ] || { echo "=== $name"; cat "$out/nvcc-$name.log"; }
-    rm -f "$out/nvcc-$name.log" "$out/bench-$name.txt"
+    rm -f "$out/bench-$name.txt"
+    if [ -x "$src/bench-$name" ]; then
+        rm -f "$out/nvcc-$name.log"
+    else
+        echo "=== $name: the build failed ($out/nvcc-$name.log)"; cat "$out/nvcc-$name.log"; status=1
+    fi
 done
 # ESCHA_BENCH_ROUNDS=n: the variants n times in turn (drift between runs
 # shows as spread within a variant); ESCHA_BENCH_WITH_MOE=1: each run also
@@ -34,14 +41,16 @@ for round in $(seq "${ESCHA_BENCH_ROUNDS:-1}"); do
     for name in "${names[@]}"; do
         [ -x "$src/bench-$name" ] || continue
         echo "=== $name (round $round)"
-        "$src/bench-$name" > "$out/bench-$name-run.txt"
-        [ "${ESCHA_BENCH_WITH_MOE:-0}" = 1 ] && ESCHA_BENCH_MOE_SLOTS=1 "$src/bench-$name" >> "$out/bench-$name-run.txt"
+        "$src/bench-$name" > "$out/bench-$name-run.txt" || { echo "$name: the run failed"; status=1; }
+        if [ "${ESCHA_BENCH_WITH_MOE:-0}" = 1 ]; then
+            ESCHA_BENCH_MOE_SLOTS=1 "$src/bench-$name" >> "$out/bench-$name-run.txt" || { echo "$name: the MoE run failed"; status=1; }
+        fi
         cat "$out/bench-$name-run.txt" >> "$out/bench-$name.txt"
-        grep -E "SMs|^K=|split|^op|^moe" "$out/bench-$name-run.txt" | grep -v SMs | sed -E 's/checksum/cs/; s/ +/ /g'
+        grep -E "^K=|split|^op|^moe|CUDA error" "$out/bench-$name-run.txt" | sed -E 's/checksum/cs/; s/ +/ /g'
         rm -f "$out/bench-$name-run.txt"
     done
 done
-[ "${ESCHA_BENCH_PROFILE:-1}" = 1 ] || exit 0
+[ "${ESCHA_BENCH_PROFILE:-1}" = 1 ] || exit $status
 for name in "${names[@]}"; do
     # instruction mix of the batch-1 GEMV kernels (K=2 and K=3)
     cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null
@@ -66,3 +75,4 @@ if command -v ncu > /dev/null; then
         done
     done
 fi
+exit $status

@@ -8,6 +8,7 @@
 #endif
 #include ESCHA_SRC
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -29,6 +30,7 @@ int ggml_cuda_get_device() {
 struct timer {
     cudaEvent_t a, b;
     timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
+    ~timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
     void start() { cudaEventRecord(a); }
     float stop_ms() { cudaEventRecord(b); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms, a, b); return ms; }
 };
@@ -45,31 +47,30 @@ static void (*kernel_of())(escha_mm_args) {
     }
 }
 
-// The code (of code_bytes, set by run_shape) and, with ESCHA_BENCH_COLD, as
-// many copies of it as make 256 MB, for the timed launches to go round.
-static size_t code_bytes = 0;
-static std::vector<const uint32_t *> copies; // [0]: the shape's own code
-static void cold_release() { // before the shape frees its code
-    for (size_t i = 1; i < copies.size(); i++) CUDA_CHECK(cudaFree((void *) copies[i]));
-    copies.clear();
-}
-static const std::vector<const uint32_t *> & cold_copies(const uint32_t * code) {
-    if (copies.empty() || copies[0] != code) {
-        cold_release();
-        copies = { code };
-        const size_t n = getenv("ESCHA_BENCH_COLD") ? (256u << 20) / code_bytes + 1 : 1;
+// A weight's code and, with ESCHA_BENCH_COLD, copies of it that make 256 MB
+// in all, for timed launches to go round: a model streams its weights from
+// HBM, while one weight of the 27B alone stays in the H200's 50 MB of L2.
+// Owns the copies, not the code.
+struct cold_code {
+    std::vector<const uint32_t *> p;
+    cold_code(const void * code, const size_t bytes) {
+        p.push_back((const uint32_t *) code);
+        const size_t n = getenv("ESCHA_BENCH_COLD") ? (256u << 20) / bytes + 1 : 1;
         for (size_t i = 1; i < n; i++) {
-            void * p;
-            CUDA_CHECK(cudaMalloc(&p, code_bytes));
-            CUDA_CHECK(cudaMemcpy(p, code, code_bytes, cudaMemcpyDeviceToDevice));
-            copies.push_back((const uint32_t *) p);
+            void * c;
+            CUDA_CHECK(cudaMalloc(&c, bytes));
+            CUDA_CHECK(cudaMemcpy(c, code, bytes, cudaMemcpyDeviceToDevice));
+            p.push_back((const uint32_t *) c);
         }
     }
-    return copies;
-}
+    ~cold_code() {
+        for (size_t i = 1; i < p.size(); i++) cudaFree((void *) p[i]);
+    }
+    const uint32_t * operator[](const int i) const { return p[i % p.size()]; }
+};
 
 template <int K, int NTW, int ROWS, bool GEMV = (ROWS <= 16)>
-static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) {
+static float time_mm(escha_mm_args a, int ksplit, int iters, const cold_code & codes, double * checksum) {
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     const int n_z = (int) ((a.n_rows + ROWS - 1) / ROWS);
@@ -84,15 +85,11 @@ static float time_mm(escha_mm_args a, int ksplit, int iters, double * checksum) 
     double s = 0;
     for (float v : h) s += v;
     *checksum = s;
-    // Cold (ESCHA_BENCH_COLD): each launch reads the next of the copies of
-    // the code, which together exceed L2 (the model streams its weights
-    // from HBM; one weight of the 27B fits in the H200's 50 MB of L2).
-    const std::vector<const uint32_t *> & codes = cold_copies(a.code);
     for (int i = 0; i < 5; i++) kernel<<<grid, ESCHA_THREADS>>>(a);
     timer t;
     t.start();
     for (int i = 0; i < iters; i++) {
-        a.code = codes[i % codes.size()];
+        a.code = codes[i];
         kernel<<<grid, ESCHA_THREADS>>>(a);
     }
     const float ms = t.stop_ms();
@@ -116,7 +113,7 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     CUDA_CHECK(cudaMalloc(&d_mid, (size_t) M * OC * 4));
     CUDA_CHECK(cudaMemcpy(d_code, code.data(), n_code * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_xh, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
-    code_bytes = n_code * 2;
+    const cold_code codes(d_code, n_code * 2);
 
     escha_mm_args a = {};
     a.code = (const uint32_t *) d_code; a.code_es = 0; a.xh = d_xh; a.mid = d_mid;
@@ -133,23 +130,24 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
            "two waves %d, shipped %d\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
     std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, shipped, one_wave * 4, std::max(1, KT / 16)};
-    if (getenv("ESCHA_BENCH_SWEEP")) { // grids of half a wave to four waves
+    if (getenv("ESCHA_BENCH_SWEEP")) { // grids of half a wave to four waves, each split count once
         splits = {shipped};
         for (int f : {2, 3, 4, 5, 6, 8, 10, 12, 16}) {
             splits.push_back(std::max(1, std::min(KT / 8, one_wave * f / 4)));
         }
+        std::sort(splits.begin(), splits.end());
+        splits.erase(std::unique(splits.begin(), splits.end()), splits.end());
     }
     for (int ks : splits) {
         if (ks > KT / 4) continue;
         double cs;
-        const float us = time_mm<K, NTW, ROWS, GEMV>(a, ks, M > 16 ? 50 : 500, &cs);
+        const float us = time_mm<K, NTW, ROWS, GEMV>(a, ks, M > 16 ? 50 : 500, codes, &cs);
         const int chunk = (KT + ks - 1) / ks;
         const int real = (KT + chunk - 1) / chunk;
         const double w = (double) IC * OC;
         printf("  split %3d (%5d blocks, %.2f waves): %8.2f us  %6.3f T weights/s (x%d rows)  %6.0f GB/s of code  checksum %.6e\n",
                real, blocks * real, (double) blocks * real / (per_sm * nsm), us, w * M / us * 1e-6, M, w * K / 8 / us * 1e-3, cs);
     }
-    cold_release();
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_xh)); CUDA_CHECK(cudaFree(d_mid));
 }
 
@@ -184,40 +182,34 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.code_early = true; // as escha.cu runs a dense op
     // The three kernels launched as escha.cu launches them (dependent
     // launches on Hopper); with ESCHA_BENCH_COLD each op reads the next copy
-    // of the code, as a model's ops stream theirs from HBM.
-    code_bytes = n_code * 2;
-    const std::vector<const uint32_t *> & codes = cold_copies(a.code);
-    auto op = [&]() {
+    // of the code.
+    const cold_code codes(d_code, n_code * 2);
+    auto xh = [&]() {
         escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_xh,
                             (int64_t) 1, IC, (float4 *) d_mid, (int64_t) (OC / 4), true);
-        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+    };
+    auto out = [&]() {
         escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_mid,
                             d_y, (int64_t) 1, OC, true);
     };
-    for (int i = 0; i < 5; i++) op();
+    auto mm = [&](const int i) {
+        a.code = codes[i];
+        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+    };
+    for (int i = 0; i < 5; i++) { xh(); mm(i); out(); }
     timer t;
     t.start();
-    for (int i = 0; i < 500; i++) {
-        a.code = codes[i % codes.size()];
-        op();
-    }
+    for (int i = 0; i < 500; i++) { xh(); mm(i); out(); }
     const float us_op = t.stop_ms() * 2.0f;
     t.start();
-    for (int i = 0; i < 500; i++) {
-        a.code = codes[i % codes.size()];
-        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
-    }
+    for (int i = 0; i < 500; i++) mm(i);
     const float us_mm = t.stop_ms() * 2.0f;
     t.start();
-    for (int i = 0; i < 500; i++) {
-        escha_xh_kernel<<<dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_xh, 1, IC, (float4 *) d_mid, OC / 4, true);
-        escha_out_kernel<<<dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), ESCHA_THREADS>>>(rows, v, d_mid, d_y, 1, OC, true);
-    }
+    for (int i = 0; i < 500; i++) { xh(); out(); }
     const float us_tr = t.stop_ms() * 2.0f;
     CUDA_CHECK(cudaGetLastError());
-    printf("op K=%d %d -> %d, batch 1, stream launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
+    printf("op K=%d %d -> %d, batch 1, dependent launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
            K, IC, OC, us_op, us_mm, us_tr);
-    cold_release();
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_xh));
     CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_y));
 }
