@@ -65,10 +65,13 @@ unsafe fn window(ext: &[u32; EXT_WORDS], gw: &GroupWindow<8>) -> __m256i {
 ///   in magnitude, times 2^-112);
 /// - Veltkamp's split by 2^13 + 1 rounds it to f16's 11 significant bits,
 ///   to nearest even, as the contract's f16 addition does, with the default
-///   rounding mode: `c = x * 8193`, then `c - 8192 x` in one FMA (exact:
-///   it is x rounded to 11 bits, the high part of the split; one operation
-///   fewer than `c - (c - x)`). The result is zero or normal, as a nonzero
-///   sum is a multiple of 2^-125.
+///   rounding mode: `c = x * 8193`, then `c - 8192 x` in one FMA, one
+///   operation fewer than `c - (c - x)`. The FMA's result is always exact;
+///   it is the split's high part (x rounded to 11 bits) because x has at
+///   most 15 significant bits (a multiple of 2^-13 below 4, scaled): for x
+///   with all 24, within 2^-13 of its binade's top, it could come out an
+///   11-bit ulp low. The result is zero or normal, as a nonzero sum is a
+///   multiple of 2^-125.
 ///
 /// `codebook_scaled_is_exact` checks all 65536 states.
 ///

@@ -228,7 +228,8 @@ unsafe fn pair_hash16<const K: usize>(src: __m512i, p: usize) -> (__m512i, __m51
 /// (`HALF_MASK_F32`, which also clears what the move brought in), then the
 /// two halves' exact f32 sum rounded to f16's 11 significant bits by
 /// Veltkamp's split with its last two operations one FMA, as the AVX2
-/// path's `cb8_scaled` does (the contract's f16 add: to nearest even). No 32-bit multiply, narrowing or f16
+/// path's `cb8_scaled` does (the contract's f16 add: to nearest even; why
+/// the FMA is exact there). No 32-bit multiply, narrowing or f16
 /// conversion, which cost more than simple operations (measured on an AMD
 /// Zen 5: 1.5x faster than the avx512 path at batch 1, docs/PERFORMANCE.md).
 ///
