@@ -220,35 +220,118 @@ unsafe fn pair_hash16<const K: usize>(src: __m512i, p: usize) -> (__m512i, __m51
     (_mm512_mullo_epi16(s, ml), _mm512_add_epi16(_mm512_mulhi_epu16(s, ml), _mm512_mullo_epi16(s, mh)))
 }
 
-/// [`pair_fp16_scaled`]'s values without AVX-512 FP16: [`pair_hash16`]'s
-/// halves moved to where an f32 holds them (value `2p`'s, the dwords' low
-/// halves, sign-extended and shifted by 13 in one `vpmaddwd` by (2^13, 0);
-/// `2p + 1`'s, the high halves, by an arithmetic shift by 3), the
-/// codebook's mask and xor applied there by one `vpternlogd` each
-/// (`HALF_MASK_F32`, which also clears what the move brought in), then the
-/// two halves' exact f32 sum rounded to f16's 11 significant bits by
-/// Veltkamp's split with its last two operations one FMA, as the AVX2
-/// path's `cb8_scaled` does (the contract's f16 add: to nearest even; why
-/// the FMA is exact there). No 32-bit multiply, narrowing or f16
-/// conversion, which cost more than simple operations (measured on an AMD
-/// Zen 5: 1.5x faster than the avx512 path at batch 1, docs/PERFORMANCE.md).
+/// Bytes 0 and 1 of every dword: a multishift zero-masked by it leaves a
+/// 16-bit state zero-extended in each dword.
+const DWORD_LOW_WORDS: u64 = 0x3333_3333_3333_3333;
+
+/// `_mm512_maskz_multishift_epi64_epi8(DWORD_LOW_WORDS, ctrl, src)` as one
+/// instruction: LLVM rewrites the intrinsic with a constant mask as an
+/// unmasked multishift and an and, one operation more than the saving
+/// [`pair_hash32`] is for.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW and VBMI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn multishift_low_words(ctrl: __m512i, src: __m512i) -> __m512i {
+    let out: __m512i;
+    // SAFETY: the instruction is VBMI's (1.) and touches only its operands.
+    core::arch::asm!(
+        "vpmultishiftqb {out}{{{k}}}{{z}}, {ctrl}, {src}",
+        out = lateout(zmm_reg) out,
+        k = in(kreg) DWORD_LOW_WORDS,
+        ctrl = in(zmm_reg) ctrl,
+        src = in(zmm_reg) src,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    out
+}
+
+/// The pair's states cut as [`pair_hash16`] cuts them, but one value at a
+/// time, each state zero-extended in its lane's dword by a zero-masked
+/// multishift (the even value by [`pair_ctrl`], the odd one by its upper
+/// half moved down), then hashed whole by one 32-bit multiply: value `2p`'s
+/// hash in `.0`, `2p + 1`'s in `.1`, each dword the low hash half in its low
+/// 16 bits and the high one above. Five operations for 32 states where the
+/// 16-bit lanes take one multishift and four multiplies and adds: one fewer
+/// (measured on an AMD Zen 5: docs/PERFORMANCE.md).
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW and VBMI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair_hash32<const K: usize>(src: __m512i, p: usize) -> (__m512i, __m512i) {
+    let ctrl = pair_ctrl(K, p);
+    let even = multishift_low_words(_mm512_set1_epi64(ctrl), src);
+    let odd = multishift_low_words(_mm512_set1_epi64(((ctrl as u64) >> 16) as i64), src);
+    let mul = _mm512_set1_epi32(CBA_MUL as i32);
+    (_mm512_mullo_epi32(even, mul), _mm512_mullo_epi32(odd, mul))
+}
+
+/// One value per lane from its two hash halves already moved to where an
+/// f32 holds them (`lo` by a `vpmaddwd` by (2^13, 0), which sign-extends and
+/// shifts by 13; `hi` by an arithmetic shift by 3): the codebook's mask and
+/// xor applied there by one `vpternlogd` each (`HALF_MASK_F32`, which also
+/// clears what the move brought in), then the two halves' exact f32 sum
+/// rounded to f16's 11 significant bits by Veltkamp's split with its last
+/// two operations one FMA, as the AVX2 path's `cb8_scaled` does (the
+/// contract's f16 add: to nearest even; why the FMA is exact there). No
+/// narrowing or f16 conversion, which cost more than simple operations
+/// (measured on an AMD Zen 5: 1.5x faster than the avx512 path at batch 1,
+/// docs/PERFORMANCE.md). The value is the weight times 2^-112.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn halves_sum_scaled(lo: __m512i, hi: __m512i) -> __m512 {
+    let (m, x) = (_mm512_set1_epi32(HALF_MASK_F32 as i32), _mm512_set1_epi32(HALF_XOR_F32 as i32));
+    let half = |v: __m512i| _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0x6A>(v, m, x));
+    let v = _mm512_add_ps(half(lo), half(hi));
+    let c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0));
+    _mm512_fnmadd_ps(v, _mm512_set1_ps(8192.0), c)
+}
+
+/// `vpmaddwd` by this moves each dword's low 16 bits, sign-extended, 13 up.
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn low_half_by_13() -> __m512i {
+    _mm512_set1_epi32(1 << 13)
+}
+
+/// [`pair_fp16_scaled`]'s values without AVX-512 FP16, from
+/// [`pair_hash32`]'s whole hashes ([`halves_sum_scaled`]).
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F, BW and VBMI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn pair_vbmi_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
+    let (even, odd) = pair_hash32::<K>(src, p);
+    let k13 = low_half_by_13();
+    let value = |h: __m512i| halves_sum_scaled(_mm512_madd_epi16(h, k13), _mm512_srai_epi32::<3>(h));
+    (value(even), value(odd))
+}
+
+/// [`pair_vbmi_scaled`] from [`pair_hash16`]'s halves (value `2p`'s in the
+/// dwords' low words, `2p + 1`'s in the high ones): one operation more per
+/// 32 states, but two constants fewer, which the K=3 GEMV of 3 and 4 rows
+/// needs to keep its registers (with [`pair_hash32`] it took 10.7 and
+/// 16.4 ms for 17408 -> 5120 on a Zen 5, against 8.5 and 8.8 ms).
+///
+/// # Safety
+/// 1. The CPU supports AVX-512F, BW and VBMI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair_vbmi16_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
     let (lo, hi) = pair_hash16::<K>(src, p);
-    let (m, x) = (_mm512_set1_epi32(HALF_MASK_F32 as i32), _mm512_set1_epi32(HALF_XOR_F32 as i32));
-    let k13 = _mm512_set1_epi32(1 << 13);
-    let half = |v: __m512i| _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0x6A>(v, m, x));
-    let a = _mm512_add_ps(half(_mm512_madd_epi16(lo, k13)), half(_mm512_madd_epi16(hi, k13)));
-    let b = _mm512_add_ps(half(_mm512_srai_epi32::<3>(lo)), half(_mm512_srai_epi32::<3>(hi)));
-    let round = |v: __m512| {
-        let c = _mm512_mul_ps(v, _mm512_set1_ps(8193.0));
-        _mm512_fnmadd_ps(v, _mm512_set1_ps(8192.0), c)
-    };
-    (round(a), round(b))
+    let k13 = low_half_by_13();
+    let a = halves_sum_scaled(_mm512_madd_epi16(lo, k13), _mm512_madd_epi16(hi, k13));
+    let b = halves_sum_scaled(_mm512_srai_epi32::<3>(lo), _mm512_srai_epi32::<3>(hi));
+    (a, b)
 }
 
 /// # Safety
@@ -326,9 +409,10 @@ unsafe fn tile_fma<const K: usize, const R: usize>(t: &[__m512i; 2], tabs: &Tabs
 }
 
 /// [`tile_fma`] with the value pairs of `$pair` (weights times 2^-112,
-/// against inputs times 2^112), the states cut from [`pair_source`].
+/// against inputs times 2^112), the states cut from [`pair_source`];
+/// `$pair_k3_wide` gives the same values where K=3 meets more than 2 rows.
 macro_rules! tile_fma_pairs {
-    ($name:ident, $feat:literal, $pair:ident) => {
+    ($name:ident, $feat:literal, $pair:ident, $pair_k3_wide:ident) => {
         /// # Safety
         /// 1. The CPU supports the features `$feat`.
         #[inline]
@@ -337,7 +421,7 @@ macro_rules! tile_fma_pairs {
             for g in 0..2 {
                 let src = pair_source::<K>(t, g);
                 for p in 0..4 {
-                    let (a, b) = $pair::<K>(src, p);
+                    let (a, b) = if K == 3 && R > 2 { $pair_k3_wide::<K>(src, p) } else { $pair::<K>(src, p) };
                     for r in 0..R {
                         let c = &mut acc[r][g * 2 + (p >> 1)]; // values 2p, 2p + 1: j >> 2 = p >> 1
                         *c = _mm512_fmadd_ps(a, xv[r][(2 * p) & 3], *c);
@@ -348,8 +432,8 @@ macro_rules! tile_fma_pairs {
         }
     };
 }
-tile_fma_pairs!(tile_fma_fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", pair_fp16_scaled);
-tile_fma_pairs!(tile_fma_vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", pair_vbmi_scaled);
+tile_fma_pairs!(tile_fma_fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", pair_fp16_scaled, pair_fp16_scaled);
+tile_fma_pairs!(tile_fma_vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", pair_vbmi_scaled, pair_vbmi16_scaled);
 
 /// The kernels that decode (the GEMV, the tile decode of the batched
 /// product) of one path under the features `$feat`, as the functions
