@@ -22,6 +22,10 @@ fn main() {
         shapes = vec![(d[0], d[1], d[2])];
     }
     let skip = std::env::var("ESCHA_TIMING_SKIP").map_or(0, |v| v.parse().expect("ESCHA_TIMING_SKIP: a number of shapes"));
+    if skip >= shapes.len() {
+        eprintln!("ESCHA_TIMING_SKIP={skip} skips all {} shape(s) to time", shapes.len());
+        std::process::exit(2);
+    }
     for &(k, ic, oc) in &shapes[skip..] {
         let mut rng = Rng::new(1);
         let problem = RandomLinear::new(1, k, ic, oc, false, false);
