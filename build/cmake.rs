@@ -68,10 +68,11 @@ pub fn build(tree: &Path, staticlib: &Path) -> PathBuf {
             ("GGML_AVX512_VNNI", &[("avx512_vnni", "avx512vnni")]),
             ("GGML_AVX512_BF16", &[("avx512_bf16", "avx512bf16")]),
         ];
+        let cap = isa_cap().map_or(options.len(), |last| options.iter().position(|(o, _)| *o == last).expect("a listed option") + 1);
         let mut on = Vec::new();
-        for (opt, feats) in options {
+        for (i, (opt, feats)) in options.into_iter().enumerate() {
             // The AVX-512 extensions only count on top of GGML_AVX512.
-            let yes = host(feats) && (!opt.starts_with("GGML_AVX512_") || host(&avx512));
+            let yes = i < cap && host(feats) && (!opt.starts_with("GGML_AVX512_") || host(&avx512));
             cfg.define(opt, on_off(yes));
             if yes {
                 on.push(opt);
@@ -98,6 +99,19 @@ pub fn build(tree: &Path, staticlib: &Path) -> PathBuf {
         announce_tools(&build);
     }
     build
+}
+
+/// The last of the ISA options (in their order in `build`) the build may
+/// turn on: all (`None`), or with `ESCHA_GGML_CPU_ISA=avx2` those up to
+/// BMI2, so llama.cpp's own quants run as on a machine with AVX2 and no
+/// AVX-512 or AVX-VNNI (the baseline next to escha's `ESCHA_CPU_ISA=avx2`
+/// path). Any other value stops the build with the accepted ones named.
+fn isa_cap() -> Option<&'static str> {
+    match env::var("ESCHA_GGML_CPU_ISA").as_deref() {
+        Err(_) | Ok("") | Ok("native") => None,
+        Ok("avx2") => Some("GGML_BMI2"),
+        Ok(other) => panic!("ESCHA_GGML_CPU_ISA={other}: expected avx2 or native (the default: every extension the host has)"),
+    }
 }
 
 /// The build host's CPU features (the build targets the machine it runs

@@ -37,7 +37,7 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(escha_cuda_shim)");
     #[cfg(feature = "ggml")]
     {
-        for v in ["ESCHA_LLAMA_CPP_DIR", "ESCHA_CACHE_DIR"] {
+        for v in ["ESCHA_LLAMA_CPP_DIR", "ESCHA_CACHE_DIR", "ESCHA_GGML_CPU_ISA"] {
             println!("cargo:rerun-if-env-changed={v}");
         }
         let tree = tree::prepare();
