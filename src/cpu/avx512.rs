@@ -252,9 +252,9 @@ unsafe fn multishift_low_words(ctrl: __m512i, src: __m512i) -> __m512i {
 /// multishift (the even value by [`pair_ctrl`], the odd one by its upper
 /// half moved down), then hashed whole by one 32-bit multiply: value `2p`'s
 /// hash in `.0`, `2p + 1`'s in `.1`, each dword the low hash half in its low
-/// 16 bits and the high one above. Five operations for 32 states where the
-/// 16-bit lanes take one multishift and four multiplies and adds: one fewer
-/// (measured on an AMD Zen 5: docs/PERFORMANCE.md).
+/// 16 bits and the high one above. Four operations for 32 states where the
+/// 16-bit lanes take five (a multishift, three multiplies and an add);
+/// measured on an AMD Zen 5 in docs/PERFORMANCE.md.
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F, BW and VBMI.
@@ -318,9 +318,10 @@ unsafe fn pair_vbmi_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, _
 
 /// [`pair_vbmi_scaled`] from [`pair_hash16`]'s halves (value `2p`'s in the
 /// dwords' low words, `2p + 1`'s in the high ones): one operation more per
-/// 32 states, but two constants fewer, which the K=3 GEMV of 3 and 4 rows
-/// needs to keep its registers (with [`pair_hash32`] it took 10.7 and
-/// 16.4 ms for 17408 -> 5120 on a Zen 5, against 8.5 and 8.8 ms).
+/// 32 states, but one multishift control a pair instead of two, which the
+/// K=3 GEMV of 3 and 4 rows needs to keep its registers (17408 -> 5120 on
+/// a Zen 5, `examples/kernel_timing`: 10.7 and 16.4 ms with [`pair_hash32`],
+/// 7.2-7.3 and 8.9-9.1 ms with this).
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512F, BW and VBMI.
