@@ -10,7 +10,7 @@
 
 use super::batch::xh_ptrs;
 use super::tables::{group_windows, state_window, GroupWindow, EXT_WORDS};
-use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32};
+use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32, LOW_HALF_MADD};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
 use crate::format::{CBA_MUL, TILE};
 use core::arch::x86_64::*;
@@ -83,7 +83,7 @@ unsafe fn cb8_scaled(s: __m256i) -> __m256 {
     let h = _mm256_mullo_epi32(s, _mm256_set1_epi32(CBA_MUL as i32));
     let (m, x) = (_mm256_set1_epi32(HALF_MASK_F32 as i32), _mm256_set1_epi32(HALF_XOR_F32 as i32));
     let hi = _mm256_xor_si256(_mm256_and_si256(_mm256_srai_epi32::<3>(h), m), x);
-    let lo = _mm256_xor_si256(_mm256_and_si256(_mm256_madd_epi16(h, _mm256_set1_epi32(1 << 13)), m), x);
+    let lo = _mm256_xor_si256(_mm256_and_si256(_mm256_madd_epi16(h, _mm256_set1_epi32(LOW_HALF_MADD)), m), x);
     let x = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
     let c = _mm256_mul_ps(x, _mm256_set1_ps(8193.0));
     _mm256_fnmadd_ps(x, _mm256_set1_ps(8192.0), c)

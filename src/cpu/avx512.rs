@@ -15,7 +15,7 @@
 use super::batch::{xh_ptrs, KC};
 use super::tables::{identity, ring_windows, state_window, RingWindow};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES, PREFETCH_ROWS};
-use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32};
+use super::{F16_TO_F32_SCALE, HALF_MASK_F32, HALF_XOR_F32, LOW_HALF_MADD};
 use crate::format::{CBA_MASK, CBA_MUL, CBA_XOR, TILE};
 use core::arch::x86_64::*;
 
@@ -292,16 +292,6 @@ unsafe fn halves_sum_scaled(lo: __m512i, hi: __m512i) -> __m512 {
     _mm512_fnmadd_ps(v, _mm512_set1_ps(8192.0), c)
 }
 
-/// `vpmaddwd` by this moves each dword's low 16 bits, sign-extended, 13 up.
-///
-/// # Safety
-/// 1. The CPU supports AVX-512F.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn low_half_by_13() -> __m512i {
-    _mm512_set1_epi32(1 << 13)
-}
-
 /// [`pair_fp16_scaled`]'s values without AVX-512 FP16, from
 /// [`pair_hash32`]'s whole hashes ([`halves_sum_scaled`]).
 ///
@@ -311,7 +301,7 @@ unsafe fn low_half_by_13() -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn pair_vbmi_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
     let (even, odd) = pair_hash32::<K>(src, p);
-    let k13 = low_half_by_13();
+    let k13 = _mm512_set1_epi32(LOW_HALF_MADD);
     let value = |h: __m512i| halves_sum_scaled(_mm512_madd_epi16(h, k13), _mm512_srai_epi32::<3>(h));
     (value(even), value(odd))
 }
@@ -329,7 +319,7 @@ unsafe fn pair_vbmi_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, _
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn pair_vbmi16_scaled<const K: usize>(src: __m512i, p: usize) -> (__m512, __m512) {
     let (lo, hi) = pair_hash16::<K>(src, p);
-    let k13 = low_half_by_13();
+    let k13 = _mm512_set1_epi32(LOW_HALF_MADD);
     let a = halves_sum_scaled(_mm512_madd_epi16(lo, k13), _mm512_madd_epi16(hi, k13));
     let b = halves_sum_scaled(_mm512_srai_epi32::<3>(lo), _mm512_srai_epi32::<3>(hi));
     (a, b)

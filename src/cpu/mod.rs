@@ -63,6 +63,12 @@ pub(crate) const F16_TO_F32_SCALE: f32 = f32::from_bits((112 + 127) << 23);
 pub(crate) const HALF_MASK_F32: u32 = ((CBA_MASK & 0x8000) << 16) | ((CBA_MASK & 0x7FFF) << 13);
 #[cfg(target_arch = "x86_64")]
 pub(crate) const HALF_XOR_F32: u32 = ((CBA_XOR & 0x8000) << 16) | ((CBA_XOR & 0x7FFF) << 13);
+/// `vpmaddwd` by this (the words (2^13, 0)) moves each dword's low 16 bits,
+/// sign-extended, 13 up: the low hash half to where [`HALF_MASK_F32`] and
+/// [`HALF_XOR_F32`] apply, in one operation on the multiplier rather than
+/// two shifts.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const LOW_HALF_MADD: i32 = 1 << 13;
 const _: () = assert!(CBA_MASK >> 16 == CBA_MASK & 0xFFFF && CBA_XOR >> 16 == CBA_XOR & 0xFFFF, "both halves take the same mask and xor");
 
 /// Phase 1 for one row: `xh` (tile-row major, `n_rows` rows) gets the
