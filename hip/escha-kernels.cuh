@@ -201,9 +201,16 @@ static inline unsigned escha_transform_grid_y(const int64_t n_rows) {
 // early (a dense op whose weights no kernel writes, escha.cu: every row is
 // expert 0's): each lane loads its per-channel vectors before it waits for
 // the kernel before it.
+// A pair of ops that share x (escha.cu's graph fusion) runs as grid z = 2:
+// z = 1 transforms with the second op's vectors into its xh and zeroes its
+// mid (v1, xh1, mid1).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
-        const escha_rows rows, const escha_vecs v, half * xh, const int64_t n_rows, const int IC,
-        float4 * mid, const int64_t n_mid4, const bool early) {
+        const escha_rows rows, const escha_vecs v0, half * xh0, const int64_t n_rows, const int IC,
+        float4 * mid0, const int64_t n_mid4, const bool early, const escha_vecs v1, half * xh1, float4 * mid1) {
+    const bool second = blockIdx.z != 0;
+    const escha_vecs v = second ? v1 : v0;
+    half * xh          = second ? xh1 : xh0;
+    float4 * mid       = second ? mid1 : mid0;
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int i0   = blk * 128 + lane * 4;
@@ -262,49 +269,87 @@ static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, cons
     }
 }
 
-// Row r's outputs from their sums m and rout_eff / bias (escha_out_lane).
-static __device__ __forceinline__ void escha_out_from(const escha_vecs & v, float m[4], const float ro[4], const float b[4],
-                                                      const bool bad, const int64_t r, const int o0, const int lane, const int OC,
-                                                      float * dst) {
+// The output transform of one row's 128-block, a warp's share: its
+// outputs y = f16((H128(m) * RS) * rout_eff) (+ bias, rounded again), as
+// f32, from their sums m (lane l's outputs 4l..4l+3, transformed in place)
+// and rout_eff / bias; a bad expert's are NaN. rout == 0 gives an exact
+// (signed) zero: a prune mask. The output transform kernel runs this
+// directly for dense rows whose rout_eff and bias it loaded before its wait,
+// and through escha_out_row otherwise; so does the fused kernel's epilogue.
+static __device__ __forceinline__ void escha_out_values(const escha_vecs & v, float m[4], const float ro[4], const float b[4],
+                                                        const bool bad, const int lane, float y[4]) {
     escha_h128_lane(m, lane);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));
+        half h = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));
         if (v.bias) {
-            y = __float2half_rn(__half2float(y) + b[q]);
+            h = __float2half_rn(__half2float(h) + b[q]);
         }
-        dst[r * OC + o0 + q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(y);
+        y[q] = bad ? __uint_as_float(ESCHA_BAD_EXPERT_F32_BITS) : __half2float(h);
     }
 }
 
-// One warp's share of the output transform: row r's 128 outputs at o0 - 4
-// * lane from their sums m (lane l's outputs 4l..4l+3, transformed in
-// place), dst[r] = f16((H128(mid[r]) * RS) * rout_eff) (+ bias, rounded
-// again), as f32. rout == 0 gives an exact (signed) zero: a prune mask. The
-// output transform kernel and the fused kernel's epilogue both run this
-// (the kernel's dense rows with rout_eff and bias loaded before its wait).
-static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
-                                                      const int o0, const int lane, const int OC, float * dst) {
+// Row r's outputs at o0 - 4 * lane (escha_out_values), its expert's
+// rout_eff and bias loaded here.
+static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                     const int o0, const int lane, float y[4]) {
     int e;
     bool bad;
     rows.row(r, e, bad);
     float ro[4], b[4];
     escha_rout_eff(v, e, o0, ro, b);
-    escha_out_from(v, m, ro, b, bad, r, o0, lane, OC, dst);
+    escha_out_values(v, m, ro, b, bad, lane, y);
+}
+
+// The same, stored to dst[r] (the fused kernel's epilogue).
+static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                      const int o0, const int lane, const int OC, float * dst) {
+    float y[4];
+    escha_out_row(rows, v, m, r, o0, lane, y);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        dst[r * OC + o0 + q] = y[q];
+    }
+}
+
+// What the output transform kernel writes, beside the op's own outputs
+// y (escha.cu's graph fusion, which then skips the node after the op):
+// the sum y + add of a residual ADD (add: the other operand, contiguous
+// like dst), or silu(y) * y1 of a SWIGLU whose second operand is a second
+// op y1 of the same input and shape (its mid and vectors). Both are
+// written exactly as ggml-cuda's own kernels for those nodes compute them.
+enum escha_epilogue_kind { ESCHA_EPI_NONE = 0, ESCHA_EPI_ADD = 1, ESCHA_EPI_SWIGLU = 2 };
+struct escha_epilogue {
+    int           kind;
+    const float * add;
+    const float * mid1;
+    escha_vecs    v1;
+};
+
+// silu(g) * u as ggml-cuda's gated unary kernel computes it
+// (ggml_cuda_op_silu_single, then the product).
+static __device__ __forceinline__ float escha_swiglu(const float g, const float u) {
+    return g / (1.0f + expf(-g)) * u;
 }
 
 // The output transform of every row; block: 4 logical warps, one 128-block
 // each; grid (ceil(OC/512), rows). early: as the input transform kernel's.
+// ep: what it writes to dst (escha_epilogue; its kind is the same for the
+// whole grid).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
         const escha_rows rows, const escha_vecs v, const float * mid, float * dst,
-        const int64_t n_rows, const int OC, const bool early) {
+        const int64_t n_rows, const int OC, const bool early, const escha_epilogue ep) {
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int o0   = blk * 128 + lane * 4;
-    const bool pre = early && blk * 128 < OC;
-    float ro[4] = {}, b[4] = {};
+    const bool pre  = early && blk * 128 < OC;
+    const bool pair = ep.kind == ESCHA_EPI_SWIGLU;
+    float ro[4] = {}, b[4] = {}, ro1[4] = {}, b1[4] = {};
     if (pre) {
         escha_rout_eff(v, 0, o0, ro, b);
+        if (pair) {
+            escha_rout_eff(ep.v1, 0, o0, ro1, b1);
+        }
     }
     escha_kernel_begin();
     if (blk * 128 >= OC) {
@@ -313,23 +358,46 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
     constexpr int RU = ESCHA_TRANSFORM_ROWS;
     const int64_t gy = gridDim.y;
     for (int64_t r0 = blockIdx.y; r0 < n_rows; r0 += gy * RU) {
-        float m[RU][4];
+        float m[RU][4], m1[RU][4];
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             const int64_t r = r0 + u * gy;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                m[u][q] = r < n_rows ? mid[r * OC + o0 + q] : 0.0f;
+                m[u][q]  = r < n_rows ? mid[r * OC + o0 + q] : 0.0f;
+                m1[u][q] = pair && r < n_rows ? ep.mid1[r * OC + o0 + q] : 0.0f;
             }
         }
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             const int64_t r = r0 + u * gy;
             if (r < n_rows) {
+                float y[4];
                 if (pre) {
-                    escha_out_from(v, m[u], ro, b, false, r, o0, lane, OC, dst);
+                    escha_out_values(v, m[u], ro, b, false, lane, y);
                 } else {
-                    escha_out_lane(rows, v, m[u], r, o0, lane, OC, dst);
+                    escha_out_row(rows, v, m[u], r, o0, lane, y);
+                }
+                if (pair) {
+                    float y1[4];
+                    if (pre) {
+                        escha_out_values(ep.v1, m1[u], ro1, b1, false, lane, y1);
+                    } else {
+                        escha_out_row(rows, ep.v1, m1[u], r, o0, lane, y1);
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        y[q] = escha_swiglu(y[q], y1[q]);
+                    }
+                } else if (ep.kind == ESCHA_EPI_ADD) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        y[q] = y[q] + ep.add[r * OC + o0 + q];
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    dst[r * OC + o0 + q] = y[q];
                 }
             }
         }
@@ -598,6 +666,13 @@ struct escha_mm_args {
     float          * dst;
     unsigned       * arrive;   // per group and 128 outputs: the warps done with them
     bool             code_early; // GEMV, dense only: first code loads before the wait (escha_gemv_kernel)
+    // Two dense ops of one shape that share their input (a gate and up pair,
+    // escha.cu's graph fusion) in one launch: blocks from pair_x on along x
+    // work on the second, whose code, xh and mid these are; 0: one op.
+    int64_t          pair_x;
+    const uint32_t * pair_code;
+    const half     * pair_xh;
+    float          * pair_mid;
 };
 
 #if defined(ESCHA_HAVE_MMA) && defined(ESCHA_CUDA_SHIM)
@@ -670,14 +745,23 @@ struct escha_group {
 // +8) in a tile.
 struct escha_warp_work {
     int              lane, nt0, kt_begin, kt_end, kq;
+    int64_t          bx;        // the block's index along x within its op (a pair's second op: less pair_x)
     escha_group      g;
     const uint32_t * code;
+    const half     * xh;        // the op's xh and mid (a pair's second op: its own)
+    float          * mid;
     int64_t          kt_stride; // words from one tile row to the next
 
     __device__ __forceinline__ bool init(const escha_mm_args & a, const int ntw, const int rows, const int words_per_tile,
                                          const bool edge_last = false) {
         lane = threadIdx.x % ESCHA_LANES;
-        nt0  = ((blockIdx.x % a.n_x) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
+        bx   = blockIdx.x;
+        const bool second = a.pair_x > 0 && bx >= a.pair_x;
+        const uint32_t * op_code = second ? a.pair_code : a.code;
+        xh   = second ? a.pair_xh : a.xh;
+        mid  = second ? a.pair_mid : a.mid;
+        bx  -= second ? a.pair_x : 0;
+        nt0  = ((int) (bx % a.n_x) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
         if (!edge_last && nt0 >= a.NT) {
             return false;
         }
@@ -686,8 +770,8 @@ struct escha_warp_work {
         if (kt_begin >= kt_end) {
             return false;
         }
-        g         = escha_group(a, blockIdx.x / a.n_x, rows);
-        code      = a.code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
+        g         = escha_group(a, (int) (bx / a.n_x), rows);
+        code      = op_code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
         kt_stride = (int64_t) a.NT * words_per_tile;
         kq        = (lane % 4) * 2;
         return nt0 < a.NT;
@@ -735,10 +819,10 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int64_t c0 = (int64_t) kt * 16 + kq;
-                A[mt][0] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0)     : 0u;
-                A[mt][2] = rlo[mt] >= 0 ? *(const uint32_t *) (a.xh + rlo[mt] * a.IC + c0 + 8) : 0u;
-                A[mt][1] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0)     : 0u;
-                A[mt][3] = rhi[mt] >= 0 ? *(const uint32_t *) (a.xh + rhi[mt] * a.IC + c0 + 8) : 0u;
+                A[mt][0] = rlo[mt] >= 0 ? *(const uint32_t *) (work.xh + rlo[mt] * a.IC + c0)     : 0u;
+                A[mt][2] = rlo[mt] >= 0 ? *(const uint32_t *) (work.xh + rlo[mt] * a.IC + c0 + 8) : 0u;
+                A[mt][1] = rhi[mt] >= 0 ? *(const uint32_t *) (work.xh + rhi[mt] * a.IC + c0)     : 0u;
+                A[mt][3] = rhi[mt] >= 0 ? *(const uint32_t *) (work.xh + rhi[mt] * a.IC + c0 + 8) : 0u;
             }
             const uint32_t * tiles = code + kt * kt_stride;
 #pragma unroll
@@ -770,12 +854,12 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
                 for (int nb = 0; nb < 2; nb++) {
                     const int col = (nt0 + w) * 16 + nb * 8 + kq;
                     if (rlo[mt] >= 0) {
-                        put(a.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
-                        put(a.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
+                        put(work.mid + rlo[mt] * a.OC + col,     acc[mt][w][nb * 4 + 0]);
+                        put(work.mid + rlo[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 1]);
                     }
                     if (rhi[mt] >= 0) {
-                        put(a.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
-                        put(a.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
+                        put(work.mid + rhi[mt] * a.OC + col,     acc[mt][w][nb * 4 + 2]);
+                        put(work.mid + rhi[mt] * a.OC + col + 1, acc[mt][w][nb * 4 + 3]);
                     }
                 }
             }
@@ -819,7 +903,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
             if (rows16[m] < 0) {
                 break;
             }
-            const half * xr = a.xh + rows16[m] * a.IC + (int64_t) kt * 16 + kq;
+            const half * xr = work.xh + rows16[m] * a.IC + (int64_t) kt * 16 + kq;
             half2 h01, h89;
             memcpy(&h01, xr, 4);
             memcpy(&h89, xr + 8, 4);
@@ -846,7 +930,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
                 s += __shfl_xor_sync(0xFFFFFFFF, s, 1, ESCHA_LANES);
                 s += __shfl_xor_sync(0xFFFFFFFF, s, 2, ESCHA_LANES);
                 if (lane % 4 == 0) {
-                    atomicAdd(a.mid + rows16[m] * a.OC + (nt0 + w) * 16 + c * 8 + lane / 4, s);
+                    atomicAdd(work.mid + rows16[m] * a.OC + (nt0 + w) * 16 + c * 8 + lane / 4, s);
                 }
             }
         }
@@ -967,7 +1051,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
             const int64_t r = g.row(nb * 8 + lane / 4);
-            xr[nb] = a.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
+            xr[nb] = work.xh + (r >= 0 ? r : g.row(0)) * a.IC + (int64_t) kt_begin * 16 + kq;
         }
     }
     if (any) {
@@ -1016,7 +1100,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         if (r < 0) {
             return;
         }
-        float * p = a.mid + r * a.OC + col;
+        float * p = work.mid + r * a.OC + col;
         if (split) {
             atomicAdd(p, val);
         } else {
@@ -1041,7 +1125,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         // to whichever warp comes last) before its count goes up.
         __threadfence();
         escha_syncwarp();
-        const int64_t z = blockIdx.x / a.n_x;
+        const int64_t z = work.bx / a.n_x;
         const int o128 = nt0 / 8; // the 128 outputs this warp's 16 * NTW are part of
         unsigned * count = a.arrive + z * (a.OC / 128) + o128;
         unsigned before = 0;
@@ -1059,8 +1143,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             float m[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                m[q] = __ldcg(a.mid + r * a.OC + o0 + q);
-                a.mid[r * a.OC + o0 + q] = 0.0f;
+                m[q] = __ldcg(work.mid + r * a.OC + o0 + q);
+                work.mid[r * a.OC + o0 + q] = 0.0f;
             }
             escha_out_lane(a.rows, a.v, m, r, o0, lane, a.OC, a.dst);
         }

@@ -95,13 +95,15 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
         per_sm = std::max(n, 1);
     }
     escha_consts_fill(a.dc);
+    const int64_t ops      = a.pair_x > 0 ? 2 : 1; // a pair's ops share the split: one IC
     const int64_t resident = (int64_t) per_sm * nsm;
-    const int64_t blocks   = a.n_x * std::max<int64_t>(z_busy, 1);
+    const int64_t blocks   = ops * a.n_x * std::max<int64_t>(z_busy, 1);
     int ksplit = escha_cuda_ksplit(resident, blocks, a.KT, rows32);
     a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-    GGML_ASSERT(a.n_x * n_z < INT32_MAX && ksplit <= 65535);
-    const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);
+    GGML_ASSERT(ops * a.n_x * n_z < INT32_MAX && ksplit <= 65535);
+    GGML_ASSERT(a.pair_x == 0 || a.pair_x == a.n_x * n_z);
+    const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) ksplit, 1);
     escha_kernel_launch(kernel, grid, stream, a);
 }
 
@@ -245,8 +247,52 @@ static bool escha_is_weight(const ggml_tensor * t) {
     return t == nullptr || (t->op == GGML_OP_NONE && t->view_src == nullptr);
 }
 
-// Runs the three stages of a parsed op by its plan (escha-plan.h).
-static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) {
+// The per-channel vectors of a parsed op as the kernels take them.
+static escha_vecs escha_vecs_of(const escha_op & op) {
+    escha_vecs v;
+    const auto data = [&](int i) { return op.vec[i].t ? op.vec[i].t->data : nullptr; };
+    v.rin   = (const half *) data(ESCHA_VEC_RIN);   v.rin_es   = op.vec[ESCHA_VEC_RIN].es;
+    v.rout  = (const half *) data(ESCHA_VEC_ROUT);  v.rout_es  = op.vec[ESCHA_VEC_ROUT].es;
+    v.s_in  = (const float *) data(ESCHA_VEC_S_IN);  v.s_in_es  = op.vec[ESCHA_VEC_S_IN].es;
+    v.s_out = (const float *) data(ESCHA_VEC_S_OUT); v.s_out_es = op.vec[ESCHA_VEC_S_OUT].es;
+    v.bias  = (const float *) data(ESCHA_VEC_BIAS);  v.bias_es  = op.vec[ESCHA_VEC_BIAS].es;
+    return v;
+}
+
+// Whether this build runs the op's multiply on tensor cores (mma).
+static bool escha_use_mma() {
+#ifdef GGML_USE_HIP
+    return false;
+#else
+    // GGML_ESCHA_SIMT=1 forces the SIMT path (the one HIP runs), for testing it on NVIDIA.
+    static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
+    const int cc = ggml_cuda_info().devices[ggml_cuda_get_device()].cc;
+    return !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
+#endif
+}
+
+// The op's plan (escha-plan.h), with the fused kernel up to fused_max_rows.
+static escha_cuda_plan escha_plan_of(const escha_op & op, const int64_t fused_max_rows) {
+    return escha_cuda_make_plan(op.moe, op.n_slots, op.n_tokens, op.n_expert, op.oc / 16, ESCHA_WARPS, escha_use_mma(),
+                                escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw(), escha_fused_dense());
+}
+
+// What escha_forward runs beyond the op itself (ggml_cuda_escha_try_fuse):
+// a second dense op of the same input and shape in the same launches
+// (second), and what the output transform writes in place of the op's
+// outputs, to dst (escha_epilogue).
+struct escha_fusion {
+    const escha_op * second = nullptr; // SWIGLU: the up op; the op is the gate
+    int              kind   = ESCHA_EPI_NONE;
+    const float    * add    = nullptr; // ADD: the other operand
+    float          * dst    = nullptr; // the fused node's output (nullptr: the op's)
+};
+
+// Runs the three stages of a parsed op by its plan (escha-plan.h); with a
+// second op (fu.second), both in each launch: one input transform (grid z
+// = 2), one multiply (the second's blocks after the first's) or, on the
+// BLAS path, one product each, and one output transform.
+static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, const escha_fusion & fu = {}) {
     const int K  = op.k;
     const int IC = (int) op.ic;
     const int OC = (int) op.oc;
@@ -255,6 +301,9 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     if (n_rows == 0) {
         return;
     }
+    const bool pair = fu.second != nullptr;
+    GGML_ASSERT(!pair || (!op.moe && !fu.second->moe && fu.second->k == K && fu.second->ic == op.ic && fu.second->oc == op.oc &&
+                          fu.second->n_slots == n_rows && fu.second->x == op.x));
 
     escha_rows rows = {};
     rows.x   = (const char *) op.x->data;
@@ -268,60 +317,54 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     rows.si1 = op.moe ? op.ids->nb[1] / sizeof(int32_t) : 0;
     rows.n_expert = op.n_expert;
 
-    escha_vecs v;
-    const auto data = [&](int i) { return op.vec[i].t ? op.vec[i].t->data : nullptr; };
-    v.rin   = (const half *) data(ESCHA_VEC_RIN);   v.rin_es   = op.vec[ESCHA_VEC_RIN].es;
-    v.rout  = (const half *) data(ESCHA_VEC_ROUT);  v.rout_es  = op.vec[ESCHA_VEC_ROUT].es;
-    v.s_in  = (const float *) data(ESCHA_VEC_S_IN);  v.s_in_es  = op.vec[ESCHA_VEC_S_IN].es;
-    v.s_out = (const float *) data(ESCHA_VEC_S_OUT); v.s_out_es = op.vec[ESCHA_VEC_S_OUT].es;
-    v.bias  = (const float *) data(ESCHA_VEC_BIAS);  v.bias_es  = op.vec[ESCHA_VEC_BIAS].es;
+    const escha_vecs v  = escha_vecs_of(op);
+    const escha_vecs v1 = pair ? escha_vecs_of(*fu.second) : v;
 
     const int id = ggml_cuda_get_device();
-    const int cc = ggml_cuda_info().devices[id].cc;
     const int nsm = ggml_cuda_info().devices[id].nsm;
-#ifdef GGML_USE_HIP
-    const bool use_mma = false;
-    GGML_UNUSED(cc);
-#else
-    // GGML_ESCHA_SIMT=1 forces the SIMT path (the one HIP runs), for testing it on NVIDIA.
-    static const bool force_simt = escha_env_switch(getenv("GGML_ESCHA_SIMT"));
-    const bool use_mma = !force_simt && GGML_CUDA_CC_IS_NVIDIA(cc) && ggml_cuda_highest_compiled_arch(cc) >= GGML_CUDA_CC_AMPERE;
-#endif
-    auto make_plan = [&](const int64_t fused_max_rows) {
-        return escha_cuda_make_plan(op.moe, n_rows, op.n_tokens, op.n_expert, OC / 16, ESCHA_WARPS, use_mma,
-                                    escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw(),
-                                    escha_fused_dense());
-    };
-    escha_cuda_plan plan = make_plan(escha_fused_max_rows());
+    escha_cuda_plan plan = escha_plan_of(op, escha_fused_max_rows());
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP
     if (plan.fused &&
         !escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive)) {
-        plan = make_plan(0); // three launches instead, with their own grid (tiles a warp)
+        plan = escha_plan_of(op, 0); // three launches instead, with their own grid (tiles a warp)
     }
 #endif
+    // The fused kernel writes the op's own outputs: ggml_cuda_escha_try_fuse
+    // never fuses an op that takes it.
+    GGML_ASSERT(!plan.fused || (!pair && fu.kind == ESCHA_EPI_NONE));
 
     // Dense ops' kernels load their weights (code, per-channel vectors)
     // before they wait for the kernel before them, when no kernel can have
     // written those (escha_is_weight); GGML_ESCHA_EARLY=0 turns that off,
     // for measuring.
     static const bool early_allowed = !escha_env_off("GGML_ESCHA_EARLY");
-    bool early = early_allowed && !op.moe && escha_is_weight(op.code);
-    for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
-        early = early && escha_is_weight(op.vec[i].t);
+    bool early = early_allowed && !op.moe;
+    for (const escha_op * o : { &op, fu.second }) {
+        if (o == nullptr) {
+            continue;
+        }
+        early = early && escha_is_weight(o->code);
+        for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
+            early = early && escha_is_weight(o->vec[i].t);
+        }
     }
 
+    // A pair's second op has its xh and mid after the first's.
+    const int64_t ops = pair ? 2 : 1;
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());
     const unsigned gy = escha_transform_grid_y(n_rows);
     if (!plan.fused) {
-        xh.alloc(n_rows * IC);
-        mid.alloc(n_rows * OC);
+        xh.alloc(ops * n_rows * IC);
+        mid.alloc(ops * n_rows * OC);
         // The BLAS product overwrites mid (beta = 0); the others sum into it.
         const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
-        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
-                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4, early);
+        half  * xh1  = xh.get() + (ops - 1) * n_rows * IC;
+        float * mid1 = mid.get() + (ops - 1) * n_rows * OC;
+        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) ops), stream,
+                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4, early, v1, xh1, (float4 *) mid1);
     }
 
     escha_mm_args a = {};
@@ -342,6 +385,12 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
     a.n_x      = (int) plan.n_x;
     a.mode     = plan.mode;
     a.code_early = plan.code_early && early;
+    if (pair) {
+        a.pair_x    = a.n_x * plan.n_z;
+        a.pair_code = (const uint32_t *) fu.second->code->data;
+        a.pair_xh   = xh.get() + n_rows * IC;
+        a.pair_mid  = mid.get() + n_rows * OC;
+    }
 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> src1_unused(ctx.pool());
@@ -364,6 +413,13 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
 
     if (plan.family == ESCHA_CUDA_BLAS) {
         escha_decode_then_blas(ctx, K, a, stream);
+        if (pair) {
+            escha_mm_args a1 = a;
+            a1.code = a.pair_code;
+            a1.xh   = a.pair_xh;
+            a1.mid  = a.pair_mid;
+            escha_decode_then_blas(ctx, K, a1, stream);
+        }
     } else {
 #ifdef GGML_USE_HIP
     if (K == 2) {
@@ -419,8 +475,14 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op) 
 #endif
     }
 
+    escha_epilogue ep = {};
+    ep.kind = fu.kind;
+    ep.add  = fu.add;
+    ep.mid1 = pair ? mid.get() + n_rows * OC : nullptr;
+    ep.v1   = v1;
+    float * dst = fu.dst ? fu.dst : (float *) op.dst->data;
     escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
-                        rows, v, (const float *) mid.get(), (float *) op.dst->data, n_rows, OC, early);
+                        rows, v, (const float *) mid.get(), dst, n_rows, OC, early, ep);
 }
 
 static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {
@@ -438,4 +500,96 @@ void ggml_cuda_op_escha_linear(ggml_backend_cuda_context & ctx, ggml_tensor * ds
 
 void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     escha_forward(ctx, escha_cuda_parse_or_abort(dst));
+}
+
+// ---- graph fusion --------------------------------------------------------------
+
+// Whether node j of the graph is computed and used once, not an output and,
+// unless view_ok, not a view: what a node whose result a fusion never
+// writes must be (ggml_node_has_n_uses, with views allowed where asked).
+static bool escha_used_once(const ggml_cgraph * cgraph, const int j, const bool view_ok) {
+    const ggml_tensor * t = cgraph->nodes[j];
+    return (t->flags & GGML_TENSOR_FLAG_COMPUTE) && !(t->flags & GGML_TENSOR_FLAG_OUTPUT) && ggml_node_get_use_count(cgraph, j) == 1 &&
+           (view_ok || t->view_src == nullptr);
+}
+
+// An f32 tensor laid out as the op's dense output: contiguous, n elements.
+static bool escha_like_output(const ggml_tensor * t, const int64_t n) {
+    return t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && ggml_nelements(t) == n;
+}
+
+// Parses node j as a dense escha op whose kernels can take a fusion (not
+// the fused one-launch kernel, which writes its own outputs).
+static bool escha_fusable(const ggml_tensor * t, escha_op & op) {
+    char err[256];
+    return t->op == GGML_OP_ESCHA_LINEAR && escha_cuda_parse(t, &op, err, sizeof err) == nullptr && !op.moe &&
+           op.dst->type == GGML_TYPE_F32 && ggml_is_contiguous(op.dst) && !escha_plan_of(op, escha_fused_max_rows()).fused;
+}
+
+int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
+    // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
+    static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
+    escha_op a;
+    if (off || !escha_fusable(cgraph->nodes[i], a)) {
+        return 0;
+    }
+    const int64_t n_out = a.n_slots * a.oc;
+
+    // A gate and an up op of one input, then SWIGLU(gate, up): one input
+    // transform, one multiply and one output transform that writes the
+    // SWIGLU's result (as llama.cpp's FFN builds it: gate, up, SWIGLU).
+    escha_op b;
+    if (i + 2 < cgraph->n_nodes && escha_fusable(cgraph->nodes[i + 1], b)) {
+        ggml_tensor * glu = cgraph->nodes[i + 2];
+        const ggml_tensor * n0 = cgraph->nodes[i];
+        const ggml_tensor * n1 = cgraph->nodes[i + 1];
+        if (glu->op == GGML_OP_GLU && ggml_get_glu_op(glu) == GGML_GLU_OP_SWIGLU && (glu->flags & GGML_TENSOR_FLAG_COMPUTE) &&
+            ggml_get_op_params_i32(glu, 1) == 0 && glu->src[1] != nullptr &&
+            ((glu->src[0] == n0 && glu->src[1] == n1) || (glu->src[0] == n1 && glu->src[1] == n0)) &&
+            escha_used_once(cgraph, i, false) && escha_used_once(cgraph, i + 1, false) && b.x == a.x && b.k == a.k &&
+            b.ic == a.ic && b.oc == a.oc && b.n_slots == a.n_slots && escha_like_output(glu, n_out) && ggml_are_same_shape(glu, n0)) {
+            const bool gate_first = glu->src[0] == n0;
+            escha_fusion fu;
+            fu.second = gate_first ? &b : &a;
+            fu.kind   = ESCHA_EPI_SWIGLU;
+            fu.dst    = (float *) glu->data;
+            escha_forward(ctx, gate_first ? a : b, fu);
+            return 2;
+        }
+    }
+
+    // The op, views that only reshape it, then an ADD of a tensor of the
+    // same shape (a residual): the output transform writes the sum.
+    int j = i + 1;
+    const ggml_tensor * prev = cgraph->nodes[i];
+    if (!escha_used_once(cgraph, i, false)) {
+        return 0;
+    }
+    while (j < cgraph->n_nodes && (cgraph->nodes[j]->op == GGML_OP_RESHAPE || cgraph->nodes[j]->op == GGML_OP_VIEW)) {
+        const ggml_tensor * view = cgraph->nodes[j];
+        if (view->src[0] != prev || view->data != prev->data || !escha_like_output(view, n_out) ||
+            !escha_used_once(cgraph, j, true)) {
+            return 0;
+        }
+        prev = view;
+        j++;
+    }
+    if (j >= cgraph->n_nodes) {
+        return 0;
+    }
+    ggml_tensor * add = cgraph->nodes[j];
+    if (add->op != GGML_OP_ADD || !(add->flags & GGML_TENSOR_FLAG_COMPUTE) || (add->src[0] == prev) == (add->src[1] == prev)) {
+        return 0;
+    }
+    const ggml_tensor * other = add->src[0] == prev ? add->src[1] : add->src[0];
+    if (!escha_like_output(add, n_out) || !escha_like_output(other, n_out) || !ggml_are_same_shape(add, other) ||
+        !ggml_are_same_shape(add, prev)) {
+        return 0;
+    }
+    escha_fusion fu;
+    fu.kind = ESCHA_EPI_ADD;
+    fu.add  = (const float *) other->data;
+    fu.dst  = (float *) add->data;
+    escha_forward(ctx, a, fu);
+    return j - i;
 }

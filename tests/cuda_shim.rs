@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, MoeFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LinearFusedFn, MoeFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
@@ -24,6 +24,11 @@ extern "C" {
     fn escha_cuda_shim_linear(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
         s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32, ksplit: i32,
+    ) -> i32;
+    fn escha_cuda_shim_linear_fused(
+        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
+        s_in: *const f32, s_out: *const f32, bias: *const f32, code1: *const i16, rin1: *const u16, rout1: *const u16,
+        s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, y: *mut f32, path: i32, ksplit: i32,
     ) -> i32;
     fn escha_cuda_shim_moe(
         k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
@@ -40,6 +45,7 @@ const CUDA: CudaShim = CudaShim {
     xh: escha_cuda_shim_xh as XhFn,
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
+        linear_fused: escha_cuda_shim_linear_fused as LinearFusedFn,
     moe: escha_cuda_shim_moe as MoeFn,
     simt_only: false,
 };
@@ -77,4 +83,9 @@ fn moe_matches_reference_on_every_kernel() {
 #[test]
 fn moe_invalid_id_gives_nan() {
     CUDA.moe_invalid_id_gives_nan();
+}
+
+#[test]
+fn graph_fusions_match_their_nodes() {
+    CUDA.graph_fusions_match_their_nodes();
 }

@@ -160,8 +160,17 @@ CUDA_KERNEL = [
         ("const half2 tb = __hadd2(__low2half2(hb), __high2half2(hb));", "const half2 tb = escha_mut_trunc_add(hb);"),
     ], "cuda_shim", "codebook: the two halves' sum truncated, not rounded to nearest"),
     M("cuda-fused-state-kept", "fast", CUH,
-      "                a.mid[r * a.OC + o0 + q] = 0.0f;\n", "",
+      "                work.mid[r * a.OC + o0 + q] = 0.0f;\n", "",
       "cuda_shim", "fused kernel: mid not put back to zero for the next op"),
+    M("cuda-fusion-swiglu-order", "fast", CUH,
+      "y[q] = escha_swiglu(y[q], y1[q]);", "y[q] = escha_swiglu(y1[q], y[q]);",
+      "cuda_shim", "graph fusion: SWIGLU applies silu to the up op, not the gate"),
+    M("cuda-fusion-pair-code", "fast", CUH,
+      "const uint32_t * op_code = second ? a.pair_code : a.code;", "const uint32_t * op_code = a.code;",
+      "cuda_shim", "graph fusion: a pair's second op multiplies the first op's weight"),
+    M("cuda-fusion-add-row", "fast", CUH,
+      "y[q] = y[q] + ep.add[r * OC + o0 + q];", "y[q] = y[q] + ep.add[o0 + q];",
+      "cuda_shim", "graph fusion: every row adds the residual's first row"),
 ]
 
 MUTANTS = CUDA_KERNEL + [

@@ -52,15 +52,18 @@ void run_thread(void * ctx, int) {
 void launch(dim3 grid, unsigned threads, const std::function<void()> & kernel) {
     gridDim  = grid;
     blockDim = dim3(threads);
-    for (unsigned by = 0; by < grid.y; by++) {
-        for (unsigned bx = 0; bx < grid.x; bx++) {
-            blockIdx = dim3(bx, by);
-            for (unsigned base = 0; base < threads; base += (unsigned) escha_shim_wave) {
-                escha_shim_wave_base = (int) base;
-                char what[96];
-                snprintf(what, sizeof what, "wavefront %u of block (%u, %u) of a %u x %u grid", base / escha_shim_wave, bx, by,
-                         grid.x, grid.y);
-                escha_fibers::run_group((int) std::min(threads - base, (unsigned) escha_shim_wave), run_thread, (void *) &kernel, what);
+    for (unsigned bz = 0; bz < grid.z; bz++) {
+        for (unsigned by = 0; by < grid.y; by++) {
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = dim3(bx, by, bz);
+                for (unsigned base = 0; base < threads; base += (unsigned) escha_shim_wave) {
+                    escha_shim_wave_base = (int) base;
+                    char what[112];
+                    snprintf(what, sizeof what, "wavefront %u of block (%u, %u, %u) of a %u x %u x %u grid", base / escha_shim_wave, bx,
+                             by, bz, grid.x, grid.y, grid.z);
+                    escha_fibers::run_group((int) std::min(threads - base, (unsigned) escha_shim_wave), run_thread, (void *) &kernel,
+                                            what);
+                }
             }
         }
     }
@@ -195,14 +198,27 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
     }
 }
 
+// What escha.cu's graph fusion adds to a dense op (escha_fusion there): a
+// second op of the same input and shape in the same launches (code1, v1:
+// the up op of a SWIGLU pair) and what the output transform writes.
+struct fusion_args {
+    const uint32_t * code1 = nullptr;
+    escha_vecs       v1    = {};
+    int              kind  = ESCHA_EPI_NONE;
+    const float    * add   = nullptr;
+};
+
 // xh, multiply, out for n_rows op rows (mode set in a by the caller; groups
 // as escha.cu forms them: row blocks, one per slot, or row blocks of each of
-// n_expert experts).
+// n_expert experts), with fu's fusion (dense, not the fused kernel) as
+// escha_forward runs it.
 int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows, escha_mm_args a, int path,
-           int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y) {
+           int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y, const fusion_args & fu = {}) {
     const bool fused = path == k_path_fused || path == k_path_fused2;
+    const bool pair  = fu.code1 != nullptr;
     if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
-        (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED))) {
+        (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED)) ||
+        ((pair || fu.kind != ESCHA_EPI_NONE) && (fused || a.mode != 0 || pair != (fu.kind == ESCHA_EPI_SWIGLU)))) {
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
@@ -221,20 +237,28 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     // The fused kernel's mid and arrival counts: the state escha.cu keeps
     // between ops, zeroed as it is when allocated; the kernel must leave it
     // so. The other paths' scratch starts NaN.
-    auto xh  = nan_filled<half>(fused ? 0 : (size_t) n_rows * IC);
-    auto mid = fused ? std::vector<float>((size_t) n_rows * OC, 0.0f) : nan_filled<float>((size_t) n_rows * OC);
+    // A pair's second op has its xh and mid after the first's.
+    const int64_t ops = pair ? 2 : 1;
+    auto xh  = nan_filled<half>(fused ? 0 : (size_t) (ops * n_rows * IC));
+    auto mid = fused ? std::vector<float>((size_t) n_rows * OC, 0.0f) : nan_filled<float>((size_t) (ops * n_rows * OC));
+    half  * xh1  = xh.data() + (ops - 1) * n_rows * IC;
+    float * mid1 = mid.data() + (ops - 1) * n_rows * OC;
+    const escha_vecs v1 = pair ? fu.v1 : v;
     std::vector<unsigned> arrive(fused ? (size_t) plan.n_z * (OC / 128) : 0, 0u);
     if (!fused) {
         // As escha.cu: mid is zeroed only where the multiply sums into it.
-        launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, dense);
+        launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) ops), ESCHA_THREADS, [&] {
+            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, dense, v1, xh1,
+                            (float4 *) mid1);
         });
     }
     if (blas) {
-        auto w = nan_filled<half>((size_t) IC * OC);
-        // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
-        decode_weight(k, IC, OC, a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
-        blas_gemm_tn(w.data(), xh.data(), mid.data(), n_rows, IC, OC);
+        for (int64_t o = 0; o < ops; o++) {
+            auto w = nan_filled<half>((size_t) IC * OC);
+            // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
+            decode_weight(k, IC, OC, o ? fu.code1 : a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
+            blas_gemm_tn(w.data(), o ? xh1 : xh.data(), o ? mid1 : mid.data(), n_rows, IC, OC);
+        }
     } else {
         a.xh      = fused ? nullptr : xh.data();
         a.mid     = mid.data();
@@ -249,15 +273,26 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
         ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
         escha_consts_fill(a.dc);
-        launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+        if (pair) {
+            a.pair_x    = a.n_x * plan.n_z;
+            a.pair_code = fu.code1;
+            a.pair_xh   = xh1;
+            a.pair_mid  = mid1;
+        }
+        launch(dim3((unsigned) (ops * a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
     }
     if (fused) {
         const bool clean = std::all_of(mid.begin(), mid.end(), [](const float m) { return m == 0.0f && !std::signbit(m); }) &&
                            std::all_of(arrive.begin(), arrive.end(), [](const unsigned c) { return c == 0; });
         return clean ? 0 : k_fused_state_left;
     }
+    escha_epilogue ep = {};
+    ep.kind = fu.kind;
+    ep.add  = fu.add;
+    ep.mid1 = pair ? mid1 : nullptr;
+    ep.v1   = v1;
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, dense);
+        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, dense, ep);
     });
     return 0;
 }
@@ -344,7 +379,7 @@ int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * r
     v.rin  = (const half *) rin;
     v.s_in = s_in;
     launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
-        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0, true);
+        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0, true, v, (half *) xh, nullptr);
     });
     return 0;
 }
@@ -363,16 +398,21 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
     v.s_out = s_out;
     v.bias  = bias;
     launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid, y, m, (int) oc, true);
+        escha_out_kernel(rows, v, mid, y, m, (int) oc, true, escha_epilogue{});
     });
     return 0;
 }
 
 // One dense op: y[m][oc] from x[m][ic] (contiguous), path as in k_family_of_path,
-// IC split into ksplit parts (1: plain stores, more: f32 atomics).
-int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
-                           const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
-                           const float * bias, float * y, int path, int ksplit) {
+// IC split into ksplit parts (1: plain stores, more: f32 atomics), with
+// escha.cu's graph fusions: with code1 (and its vectors rin1..bias1), a
+// second op of x as the SWIGLU pair's up op, y = silu(op) * op1; else with
+// add (m x oc), y = op + add; else the op alone (linear).
+int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+                                 const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
+                                 const float * bias, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
+                                 const float * s_in1, const float * s_out1, const float * bias1, const float * add, float * y,
+                                 int path, int ksplit) {
     if (!shape_ok(k, ic, oc) || m <= 0) {
         return -1;
     }
@@ -398,7 +438,27 @@ int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, c
     a.OC     = (int) oc;
     a.n_rows = m;
     a.mode   = 0;
-    return run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y);
+    fusion_args fu;
+    if (code1) {
+        fu.code1 = (const uint32_t *) code1;
+        fu.v1.rin   = (const half *) rin1;
+        fu.v1.rout  = (const half *) rout1;
+        fu.v1.s_in  = s_in1;
+        fu.v1.s_out = s_out1;
+        fu.v1.bias  = bias1;
+        fu.kind = ESCHA_EPI_SWIGLU;
+    } else if (add) {
+        fu.kind = ESCHA_EPI_ADD;
+        fu.add  = add;
+    }
+    return run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y, fu);
+}
+
+int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+                           const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
+                           const float * bias, float * y, int path, int ksplit) {
+    return ESCHA_SHIM_FN(linear_fused)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, nullptr, nullptr, nullptr, nullptr,
+                                       nullptr, nullptr, nullptr, y, path, ksplit);
 }
 
 // One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used

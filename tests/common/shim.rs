@@ -272,6 +272,11 @@ pub type LinearFn = unsafe extern "C" fn(
     k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
     s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32, ksplit: i32,
 ) -> i32;
+pub type LinearFusedFn = unsafe extern "C" fn(
+    k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
+    s_in: *const f32, s_out: *const f32, bias: *const f32, code1: *const i16, rin1: *const u16, rout1: *const u16,
+    s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, y: *mut f32, path: i32, ksplit: i32,
+) -> i32;
 pub type MoeFn = unsafe extern "C" fn(
     k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
     ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
@@ -307,6 +312,7 @@ pub struct CudaShim {
     pub xh: XhFn,
     pub out: OutFn,
     pub linear: LinearFn,
+    pub linear_fused: LinearFusedFn,
     pub moe: MoeFn,
     pub simt_only: bool,
 }
@@ -452,6 +458,69 @@ impl CudaShim {
             all.push(self.dense_case(&p, 4, FUSED, 3, 804));
         }
         summarize(&format!("{} dense", self.name), &all);
+    }
+
+    /// One dense op run alone (`linear`), its outputs checked against the C
+    /// reference within the bound.
+    fn dense_alone(&self, what: &str, p: &Problem, x: &[f32], m: usize, path: i32, ksplit: i32) -> Vec<f32> {
+        let (k, ic, oc) = (p.shape.k, p.shape.ic, p.shape.oc);
+        let mut y = vec![f32::NAN; m * oc];
+        let rc = unsafe {
+            (self.linear)(
+                k as i32, ic as i64, oc as i64, p.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&p.rin), f16_ptr(&p.rout),
+                opt(p.s_in.as_deref()), opt(p.s_out.as_deref()), opt(p.bias.as_deref()), y.as_mut_ptr(), path, ksplit,
+            )
+        };
+        assert_eq!(rc, 0, "{what}: the executor rejected a valid dense case");
+        check_dense(what, p, x, m, &y);
+        y
+    }
+
+    /// escha.cu's graph fusions, run as escha_forward runs them, give
+    /// exactly what their nodes give one after another: a gate and up pair
+    /// in shared launches with the SWIGLU in the output transform, silu(g)
+    /// * u bit for bit with g and u from the ops run alone (each within the
+    /// bound of the C reference), computed here in f32 as ggml-cuda's
+    /// SWIGLU kernel does; an op with a residual ADD in its output
+    /// transform, y + r bit for bit. Every multiply family, IC split or
+    /// not, one row to two 32-row groups.
+    pub fn graph_fusions_match_their_nodes(&self) {
+        let mut n = 0;
+        for k in [2, 3] {
+            for (ic, oc) in [(256, 384), (384, 256)] {
+                let gate = dense_problem(31 * k as u64 + ic as u64, k, ic, oc, true, true);
+                let up = dense_problem(37 * k as u64 + ic as u64, k, ic, oc, true, false);
+                for (path, m, ksplit) in
+                    [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV, 40, 2), (PREFILL, 17, 1), (PREFILL, 70, 3), (SIMT, 9, 2), (BLAS, 33, 2)]
+                {
+                    let path = self.path(path);
+                    let what = format!("{} fusion K={k} {ic}x{oc} m={m} path={path} ksplit={ksplit}", self.name);
+                    let x = gate.input(900 + m as u64, m);
+                    let g = self.dense_alone(&format!("{what} gate"), &gate, &x, m, path, ksplit);
+                    let u = self.dense_alone(&format!("{what} up"), &up, &x, m, path, ksplit);
+                    let r = Rng::new(950 + m as u64).f32s(m * oc, -2.0, 2.0);
+                    let (mut glu, mut sum) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
+                    let run = |code1: *const i16, p1: &Problem, add: *const f32, y: &mut [f32]| unsafe {
+                        (self.linear_fused)(
+                            k as i32, ic as i64, oc as i64, gate.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&gate.rin),
+                            f16_ptr(&gate.rout), opt(gate.s_in.as_deref()), opt(gate.s_out.as_deref()), opt(gate.bias.as_deref()),
+                            code1, f16_ptr(&p1.rin), f16_ptr(&p1.rout), opt(p1.s_in.as_deref()), opt(p1.s_out.as_deref()),
+                            opt(p1.bias.as_deref()), add, y.as_mut_ptr(), path, ksplit,
+                        )
+                    };
+                    assert_eq!(run(up.code.as_ptr(), &up, std::ptr::null(), &mut glu), 0, "{what}: SWIGLU pair rejected");
+                    assert_eq!(run(std::ptr::null(), &up, r.as_ptr(), &mut sum), 0, "{what}: ADD rejected");
+                    for i in 0..m * oc {
+                        let want = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+                        assert_eq!(glu[i].to_bits(), want.to_bits(), "{what}: SWIGLU output {i}: {} against {want}", glu[i]);
+                        let want = g[i] + r[i];
+                        assert_eq!(sum[i].to_bits(), want.to_bits(), "{what}: ADD output {i}: {} against {want}", sum[i]);
+                    }
+                    n += 1;
+                }
+            }
+        }
+        eprintln!("{} graph fusions: {n} cases, every output bit for bit its nodes'", self.name);
     }
 
     fn run_moe(&self, d: &MoeData, x: &[f32], r: &Route, grouped: bool, path: i32, ksplit: i32) -> Vec<f32> {
