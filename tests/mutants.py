@@ -142,11 +142,11 @@ CUDA_KERNEL = [
       "        h[q] = __float2half_rn(t);",
       "cuda_shim", "xh converted to f16 by truncation, not rounded to nearest"),
     Mutant("cuda-y-unrounded", "fast", CUH, [
-        ("half y = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));",
-         "float y = __fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]);"),
-        ("y = __float2half_rn(__half2float(y) + b[q]);",
-         "y = y + b[q];"),
-        (": __half2float(y);", ": y;"),
+        ("half h = __float2half_rn(__fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]));",
+         "float h = __fmul_rn(__fmul_rn(m[q], ESCHA_RS_F), ro[q]);"),
+        ("h = __float2half_rn(__half2float(h) + b[q]);",
+         "h = h + b[q];"),
+        (": __half2float(h);", ": h;"),
     ], "cuda_shim", "output transform: y (and y + bias) not rounded to f16"),
     Mutant("cuda-cb-trunc", "fast", CUH, [
         ("// REG_LOP: mask and xr from the parameters",
