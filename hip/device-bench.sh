@@ -70,6 +70,9 @@
 #            GGML_CUDA_DISABLE_GRAPHS=1, escha, Q4_K_M, IQ2_XXS models present
 #   fused-dense  the same as shipped and with GGML_ESCHA_FUSED_DENSE=1
 #            (dense ops of 1-4 rows in the one-launch kernel)
+#   escha-fusion  the same with escha's graph fusion (a gate and up pair
+#            with their SWIGLU, an op with its residual ADD) and with
+#            GGML_ESCHA_GRAPH_FUSION=0
 #   fusion   the same with upstream's CUDA fusions and with
 #            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
@@ -535,6 +538,12 @@ for step in "$@"; do
         # slots' kernel): as shipped ("on", three launches) and with
         # GGML_ESCHA_FUSED_DENSE=1 ("off" in the logs' names).
         bench_on_off fused-dense GGML_ESCHA_FUSED_DENSE=1 ;;
+    escha-fusion)
+        # escha's own graph fusion (ggml_cuda_escha_try_fuse: a gate and up
+        # op pair with their SWIGLU, an op with its residual ADD, each as one
+        # input transform, multiply and output transform): on, and off with
+        # GGML_ESCHA_GRAPH_FUSION=0; the quantized models are the control.
+        bench_on_off escha-fusion GGML_ESCHA_GRAPH_FUSION=0 ;;
     fusion)
         # Upstream's CUDA fusions (a gate and an up matrix with their GLU
         # in one quantized GEMV, a GEMV with the add after it), which
