@@ -403,8 +403,8 @@ MUTANTS += [
 MUTANTS += [Mutant("gpu-" + m.id[len("cuda-"):], "gpu", m.file, m.edits, "device_tbo", m.claim) for m in CUDA_KERNEL]
 MUTANTS += [
     M("gpu-ic-split-short", "gpu", "hip/escha.cu",
-      "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) ksplit, 1);",
-      "const dim3 grid((unsigned) (a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
+      "const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) ksplit, 1);",
+      "const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
       "device_tbo", "host plan: the grid one IC split short (its tile rows never summed)"),
     M("gpu-pdl-out-early", "gpu", CUH,
       "    escha_kernel_begin();\n    if (blk * 128 >= OC) {\n",
