@@ -312,13 +312,14 @@ static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, c
     }
 }
 
-// What the output transform kernel writes, beside the op's own outputs
-// y (escha.cu's graph fusion, which then skips the node after the op):
-// the sum y + add of a residual ADD (add: the other operand, contiguous
-// like dst), or silu(y) * y1 of a SWIGLU whose second operand is a second
-// op y1 of the same input and shape (its mid and vectors). Both are
-// written exactly as ggml-cuda's own kernels for those nodes compute them.
-enum escha_epilogue_kind { ESCHA_EPI_NONE = 0, ESCHA_EPI_ADD = 1, ESCHA_EPI_SWIGLU = 2 };
+// What the output transform kernel writes in place of the op's own
+// outputs y (escha.cu's graph fusion, which then skips the nodes after the
+// op): the sum y + add of a residual ADD (add: the other operand,
+// contiguous like dst); silu(y) * y1 of a SWIGLU whose second operand is a
+// second op y1 of the same input and shape (its mid and vectors); or
+// silu(y) * add of a SILU of the op and a MUL (a gated norm's gate). Each
+// is written exactly as ggml-cuda's own kernels for those nodes compute it.
+enum escha_epilogue_kind { ESCHA_EPI_NONE = 0, ESCHA_EPI_ADD = 1, ESCHA_EPI_SWIGLU = 2, ESCHA_EPI_SILU_MUL = 3 };
 struct escha_epilogue {
     int           kind;
     const float * add;
@@ -326,10 +327,10 @@ struct escha_epilogue {
     escha_vecs    v1;
 };
 
-// silu(g) * u as ggml-cuda's gated unary kernel computes it
-// (ggml_cuda_op_silu_single, then the product).
-static __device__ __forceinline__ float escha_swiglu(const float g, const float u) {
-    return g / (1.0f + expf(-g)) * u;
+// silu(x) as ggml-cuda computes it (ggml_cuda_op_silu_single), for its
+// SILU kernel and, times the up value, its gated SWIGLU kernel.
+static __device__ __forceinline__ float escha_silu(const float x) {
+    return x / (1.0f + expf(-x));
 }
 
 // The output transform of every row; block: 4 logical warps, one 128-block
@@ -387,12 +388,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
                     }
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
-                        y[q] = escha_swiglu(y[q], y1[q]);
+                        y[q] = escha_silu(y[q]) * y1[q];
                     }
                 } else if (ep.kind == ESCHA_EPI_ADD) {
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         y[q] = y[q] + ep.add[r * OC + o0 + q];
+                    }
+                } else if (ep.kind == ESCHA_EPI_SILU_MUL) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        y[q] = escha_silu(y[q]) * ep.add[r * OC + o0 + q];
                     }
                 }
 #pragma unroll

@@ -286,7 +286,7 @@ static escha_cuda_plan escha_plan_of(const escha_op & op, const int64_t fused_ma
 struct escha_fusion {
     const escha_op * second = nullptr; // SWIGLU: the up op; the op is the gate
     int              kind   = ESCHA_EPI_NONE;
-    const float    * add    = nullptr; // ADD: the other operand
+    const float    * add    = nullptr; // ADD, MUL: the other operand
     float          * dst    = nullptr; // the fused node's output (nullptr: the op's)
 };
 
@@ -561,7 +561,9 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     }
 
     // The op, views that only reshape it, then an ADD of a tensor of the
-    // same shape (a residual): the output transform writes the sum.
+    // same shape (a residual): the output transform writes the sum; or a
+    // SILU of it and a MUL by a tensor of the same shape (the gate of
+    // Qwen3.5's gated norm): the output transform writes the product.
     int j = i + 1;
     const ggml_tensor * prev = cgraph->nodes[i];
     if (!escha_used_once(cgraph, i, false)) {
@@ -576,22 +578,34 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         prev = view;
         j++;
     }
+    int kind = ESCHA_EPI_ADD;
+    if (j < cgraph->n_nodes && cgraph->nodes[j]->op == GGML_OP_UNARY && ggml_get_unary_op(cgraph->nodes[j]) == GGML_UNARY_OP_SILU) {
+        const ggml_tensor * silu = cgraph->nodes[j];
+        if (silu->src[0] != prev || !escha_like_output(silu, n_out) || !ggml_are_same_shape(silu, prev) ||
+            !escha_used_once(cgraph, j, false)) {
+            return 0;
+        }
+        kind = ESCHA_EPI_SILU_MUL;
+        prev = silu;
+        j++;
+    }
     if (j >= cgraph->n_nodes) {
         return 0;
     }
-    ggml_tensor * add = cgraph->nodes[j];
-    if (add->op != GGML_OP_ADD || !(add->flags & GGML_TENSOR_FLAG_COMPUTE) || (add->src[0] == prev) == (add->src[1] == prev)) {
+    ggml_tensor * last = cgraph->nodes[j];
+    if (last->op != (kind == ESCHA_EPI_ADD ? GGML_OP_ADD : GGML_OP_MUL) || !(last->flags & GGML_TENSOR_FLAG_COMPUTE) ||
+        (last->src[0] == prev) == (last->src[1] == prev)) {
         return 0;
     }
-    const ggml_tensor * other = add->src[0] == prev ? add->src[1] : add->src[0];
-    if (!escha_like_output(add, n_out) || !escha_like_output(other, n_out) || !ggml_are_same_shape(add, other) ||
-        !ggml_are_same_shape(add, prev)) {
+    const ggml_tensor * other = last->src[0] == prev ? last->src[1] : last->src[0];
+    if (!escha_like_output(last, n_out) || !escha_like_output(other, n_out) || !ggml_are_same_shape(last, other) ||
+        !ggml_are_same_shape(last, prev)) {
         return 0;
     }
     escha_fusion fu;
-    fu.kind = ESCHA_EPI_ADD;
+    fu.kind = kind;
     fu.add  = (const float *) other->data;
-    fu.dst  = (float *) add->data;
+    fu.dst  = (float *) last->data;
     escha_forward(ctx, a, fu);
     return j - i;
 }

@@ -12,6 +12,7 @@ void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 // Node i and the nodes after it as one escha launch sequence, where they
 // form a pattern that the escha kernels finish themselves (a gate and up op
-// pair and their SWIGLU; an op, its reshapes and a residual ADD): the
+// pair and their SWIGLU; an op, its reshapes and a residual ADD, or a SILU
+// and a MUL): the
 // number of nodes after i that this ran (0: none fused, node i not run).
 int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);

@@ -163,7 +163,7 @@ CUDA_KERNEL = [
       "                work.mid[r * a.OC + o0 + q] = 0.0f;\n", "",
       "cuda_shim", "fused kernel: mid not put back to zero for the next op"),
     M("cuda-fusion-swiglu-order", "fast", CUH,
-      "y[q] = escha_swiglu(y[q], y1[q]);", "y[q] = escha_swiglu(y1[q], y[q]);",
+      "y[q] = escha_silu(y[q]) * y1[q];", "y[q] = escha_silu(y1[q]) * y[q];",
       "cuda_shim", "graph fusion: SWIGLU applies silu to the up op, not the gate"),
     M("cuda-fusion-pair-code", "fast", CUH,
       "const uint32_t * op_code = second ? a.pair_code : a.code;", "const uint32_t * op_code = a.code;",
@@ -171,6 +171,9 @@ CUDA_KERNEL = [
     M("cuda-fusion-add-row", "fast", CUH,
       "y[q] = y[q] + ep.add[r * OC + o0 + q];", "y[q] = y[q] + ep.add[o0 + q];",
       "cuda_shim", "graph fusion: every row adds the residual's first row"),
+    M("cuda-fusion-silu-operand", "fast", CUH,
+      "y[q] = escha_silu(y[q]) * ep.add[r * OC + o0 + q];", "y[q] = y[q] * escha_silu(ep.add[r * OC + o0 + q]);",
+      "cuda_shim", "graph fusion: SILU and MUL take silu of the MUL's other operand, not of the op"),
 ]
 
 MUTANTS = CUDA_KERNEL + [

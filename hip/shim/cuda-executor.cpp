@@ -407,12 +407,13 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
 // IC split into ksplit parts (1: plain stores, more: f32 atomics), with
 // escha.cu's graph fusions: with code1 (and its vectors rin1..bias1), a
 // second op of x as the SWIGLU pair's up op, y = silu(op) * op1; else with
-// add (m x oc), y = op + add; else the op alone (linear).
+// add (m x oc), y = op + add, or with silu_mul, y = silu(op) * add; else the
+// op alone (linear).
 int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                                  const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                                  const float * bias, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
-                                 const float * s_in1, const float * s_out1, const float * bias1, const float * add, float * y,
-                                 int path, int ksplit) {
+                                 const float * s_in1, const float * s_out1, const float * bias1, const float * add, int silu_mul,
+                                 float * y, int path, int ksplit) {
     if (!shape_ok(k, ic, oc) || m <= 0) {
         return -1;
     }
@@ -448,7 +449,7 @@ int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * c
         fu.v1.bias  = bias1;
         fu.kind = ESCHA_EPI_SWIGLU;
     } else if (add) {
-        fu.kind = ESCHA_EPI_ADD;
+        fu.kind = silu_mul ? ESCHA_EPI_SILU_MUL : ESCHA_EPI_ADD;
         fu.add  = add;
     }
     return run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y, fu);
@@ -458,7 +459,7 @@ int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, c
                            const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                            const float * bias, float * y, int path, int ksplit) {
     return ESCHA_SHIM_FN(linear_fused)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, nullptr, nullptr, nullptr, nullptr,
-                                       nullptr, nullptr, nullptr, y, path, ksplit);
+                                       nullptr, nullptr, nullptr, 0, y, path, ksplit);
 }
 
 // One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used

@@ -275,7 +275,8 @@ pub type LinearFn = unsafe extern "C" fn(
 pub type LinearFusedFn = unsafe extern "C" fn(
     k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
     s_in: *const f32, s_out: *const f32, bias: *const f32, code1: *const i16, rin1: *const u16, rout1: *const u16,
-    s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, y: *mut f32, path: i32, ksplit: i32,
+    s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
+        path: i32, ksplit: i32,
 ) -> i32;
 pub type MoeFn = unsafe extern "C" fn(
     k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
@@ -481,9 +482,9 @@ impl CudaShim {
     /// in shared launches with the SWIGLU in the output transform, silu(g)
     /// * u bit for bit with g and u from the ops run alone (each within the
     /// bound of the C reference), computed here in f32 as ggml-cuda's
-    /// SWIGLU kernel does; an op with a residual ADD in its output
-    /// transform, y + r bit for bit. Every multiply family, IC split or
-    /// not, one row to two 32-row groups.
+    /// SILU and SWIGLU kernels do; an op with a residual ADD in its output
+    /// transform, y + r bit for bit; with a SILU and a MUL, silu(y) * r.
+    /// Every multiply family, IC split or not, one row to two 32-row groups.
     pub fn graph_fusions_match_their_nodes(&self) {
         let mut n = 0;
         for k in [2, 3] {
@@ -499,22 +500,26 @@ impl CudaShim {
                     let g = self.dense_alone(&format!("{what} gate"), &gate, &x, m, path, ksplit);
                     let u = self.dense_alone(&format!("{what} up"), &up, &x, m, path, ksplit);
                     let r = Rng::new(950 + m as u64).f32s(m * oc, -2.0, 2.0);
-                    let (mut glu, mut sum) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
-                    let run = |code1: *const i16, p1: &Problem, add: *const f32, y: &mut [f32]| unsafe {
+                    let (mut glu, mut sum, mut prod) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
+                    let run = |code1: *const i16, p1: &Problem, add: *const f32, silu_mul: i32, y: &mut [f32]| unsafe {
                         (self.linear_fused)(
                             k as i32, ic as i64, oc as i64, gate.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&gate.rin),
                             f16_ptr(&gate.rout), opt(gate.s_in.as_deref()), opt(gate.s_out.as_deref()), opt(gate.bias.as_deref()),
                             code1, f16_ptr(&p1.rin), f16_ptr(&p1.rout), opt(p1.s_in.as_deref()), opt(p1.s_out.as_deref()),
-                            opt(p1.bias.as_deref()), add, y.as_mut_ptr(), path, ksplit,
+                            opt(p1.bias.as_deref()), add, silu_mul, y.as_mut_ptr(), path, ksplit,
                         )
                     };
-                    assert_eq!(run(up.code.as_ptr(), &up, std::ptr::null(), &mut glu), 0, "{what}: SWIGLU pair rejected");
-                    assert_eq!(run(std::ptr::null(), &up, r.as_ptr(), &mut sum), 0, "{what}: ADD rejected");
+                    assert_eq!(run(up.code.as_ptr(), &up, std::ptr::null(), 0, &mut glu), 0, "{what}: SWIGLU pair rejected");
+                    assert_eq!(run(std::ptr::null(), &up, r.as_ptr(), 0, &mut sum), 0, "{what}: ADD rejected");
+                    assert_eq!(run(std::ptr::null(), &up, r.as_ptr(), 1, &mut prod), 0, "{what}: SILU and MUL rejected");
+                    let silu = |v: f32| v / (1.0 + (-v).exp());
                     for i in 0..m * oc {
-                        let want = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+                        let want = silu(g[i]) * u[i];
                         assert_eq!(glu[i].to_bits(), want.to_bits(), "{what}: SWIGLU output {i}: {} against {want}", glu[i]);
                         let want = g[i] + r[i];
                         assert_eq!(sum[i].to_bits(), want.to_bits(), "{what}: ADD output {i}: {} against {want}", sum[i]);
+                        let want = silu(g[i]) * r[i];
+                        assert_eq!(prod[i].to_bits(), want.to_bits(), "{what}: SILU and MUL output {i}: {} against {want}", prod[i]);
                     }
                     n += 1;
                 }
