@@ -292,8 +292,9 @@ struct escha_fusion {
 
 // Runs the three stages of a parsed op by its plan (escha-plan.h); with a
 // second op (fu.second), both in each launch: one input transform (grid z
-// = 2), one multiply (the second's blocks after the first's) or, on the
-// BLAS path, one product each, and one output transform.
+// = 2), one multiply (the second's blocks after the first's; a multiply
+// each where their code widths K differ, and on the BLAS path), and one
+// output transform.
 static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, const escha_fusion & fu = {}) {
     const int K  = op.k;
     const int IC = (int) op.ic;
@@ -304,7 +305,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
         return;
     }
     const bool pair = fu.second != nullptr;
-    GGML_ASSERT(!pair || (!op.moe && !fu.second->moe && fu.second->k == K && fu.second->ic == op.ic && fu.second->oc == op.oc &&
+    GGML_ASSERT(!pair || (!op.moe && !fu.second->moe && fu.second->ic == op.ic && fu.second->oc == op.oc &&
                           fu.second->n_slots == n_rows && fu.second->x == op.x));
 
     escha_rows rows = {};
@@ -413,68 +414,82 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     }
     const int64_t n_z = plan.n_z, z_busy = plan.z_busy;
 
-    if (plan.family == ESCHA_CUDA_BLAS) {
-        escha_decode_then_blas(ctx, K, a, stream);
-        if (pair) {
-            escha_mm_args a1 = a;
-            a1.code = a.pair_code;
-            a1.xh   = a.pair_xh;
-            a1.mid  = a.pair_mid;
-            escha_decode_then_blas(ctx, K, a1, stream);
+    // The multiply of one op's args m (K = k), or of a pair's two ops in one
+    // launch (m.pair_x set, one K).
+    auto multiply = [&](const escha_mm_args & m, const int k) {
+        if (plan.family == ESCHA_CUDA_BLAS) {
+            escha_decode_then_blas(ctx, k, m, stream);
+            return;
         }
-    } else {
 #ifdef GGML_USE_HIP
-    if (K == 2) {
-        escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
-    } else {
-        escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
-    }
+        if (k == 2) {
+            escha_launch_mm<2, 2, 1, false>(m, n_z, z_busy, nsm, stream);
+        } else {
+            escha_launch_mm<3, 2, 1, false>(m, n_z, z_busy, nsm, stream);
+        }
 #else
-    if (plan.family == ESCHA_CUDA_SIMT) {
-        if (K == 2) {
-            escha_launch_mm<2, 2, 1, false>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_mm<3, 2, 1, false>(a, n_z, z_busy, nsm, stream);
-        }
-    } else if (plan.family == ESCHA_CUDA_MMA) {
-        if (K == 2) {
-            escha_launch_mm<2, 2, 4, true>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_mm<3, 2, 4, true>(a, n_z, z_busy, nsm, stream);
-        }
-    } else if (plan.fused) {
-        if (plan.ntw == 2) {
-            if (K == 2) {
-                escha_launch_gemv<2, 2, 1, true>(a, n_z, z_busy, nsm, stream);
+        if (plan.family == ESCHA_CUDA_SIMT) {
+            if (k == 2) {
+                escha_launch_mm<2, 2, 1, false>(m, n_z, z_busy, nsm, stream);
             } else {
-                escha_launch_gemv<3, 2, 1, true>(a, n_z, z_busy, nsm, stream);
+                escha_launch_mm<3, 2, 1, false>(m, n_z, z_busy, nsm, stream);
             }
-        } else if (K == 2) {
-            escha_launch_gemv<2, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+        } else if (plan.family == ESCHA_CUDA_MMA) {
+            if (k == 2) {
+                escha_launch_mm<2, 2, 4, true>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_mm<3, 2, 4, true>(m, n_z, z_busy, nsm, stream);
+            }
+        } else if (plan.fused) {
+            if (plan.ntw == 2) {
+                if (k == 2) {
+                    escha_launch_gemv<2, 2, 1, true>(m, n_z, z_busy, nsm, stream);
+                } else {
+                    escha_launch_gemv<3, 2, 1, true>(m, n_z, z_busy, nsm, stream);
+                }
+            } else if (k == 2) {
+                escha_launch_gemv<2, 4, 1, true>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 4, 1, true>(m, n_z, z_busy, nsm, stream);
+            }
+        } else if (plan.nb == 1) {
+            if (k == 2) {
+                escha_launch_gemv<2, 4, 1>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 4, 1>(m, n_z, z_busy, nsm, stream);
+            }
+        } else if (plan.nb == 2) {
+            if (k == 2) {
+                escha_launch_gemv<2, 4, 2>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 4, 2>(m, n_z, z_busy, nsm, stream);
+            }
         } else {
-            escha_launch_gemv<3, 4, 1, true>(a, n_z, z_busy, nsm, stream);
+            if (k == 2) {
+                escha_launch_gemv<2, 4, 4>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 4, 4>(m, n_z, z_busy, nsm, stream);
+            }
         }
-        return; // the kernel applied the output transform
-    } else if (plan.nb == 1) {
-        if (K == 2) {
-            escha_launch_gemv<2, 4, 1>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_gemv<3, 4, 1>(a, n_z, z_busy, nsm, stream);
-        }
-    } else if (plan.nb == 2) {
-        if (K == 2) {
-            escha_launch_gemv<2, 4, 2>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_gemv<3, 4, 2>(a, n_z, z_busy, nsm, stream);
-        }
-    } else {
-        if (K == 2) {
-            escha_launch_gemv<2, 4, 4>(a, n_z, z_busy, nsm, stream);
-        } else {
-            escha_launch_gemv<3, 4, 4>(a, n_z, z_busy, nsm, stream);
-        }
-    }
 #endif
+    };
+    if (!pair) {
+        multiply(a, K);
+    } else if (fu.second->k == K && plan.family != ESCHA_CUDA_BLAS) {
+        multiply(a, K); // both ops' blocks in one launch
+    } else {
+        // Weights of two code widths (the published 27B's gate K=2, up K=3),
+        // or the BLAS path: a multiply each.
+        escha_mm_args a0 = a, a1 = a;
+        a0.pair_x = a1.pair_x = 0;
+        a1.code = a.pair_code;
+        a1.xh   = a.pair_xh;
+        a1.mid  = a.pair_mid;
+        multiply(a0, K);
+        multiply(a1, fu.second->k);
+    }
+    if (plan.fused) {
+        return; // the kernel applied the output transform
     }
 
     escha_epilogue ep = {};
@@ -548,7 +563,7 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         if (glu->op == GGML_OP_GLU && ggml_get_glu_op(glu) == GGML_GLU_OP_SWIGLU && (glu->flags & GGML_TENSOR_FLAG_COMPUTE) &&
             ggml_get_op_params_i32(glu, 1) == 0 && glu->src[1] != nullptr &&
             ((glu->src[0] == n0 && glu->src[1] == n1) || (glu->src[0] == n1 && glu->src[1] == n0)) &&
-            escha_used_once(cgraph, i, false) && escha_used_once(cgraph, i + 1, false) && b.x == a.x && b.k == a.k &&
+            escha_used_once(cgraph, i, false) && escha_used_once(cgraph, i + 1, false) && b.x == a.x &&
             b.ic == a.ic && b.oc == a.oc && b.n_slots == a.n_slots && escha_like_output(glu, n_out) && ggml_are_same_shape(glu, n0)) {
             const bool gate_first = glu->src[0] == n0;
             escha_fusion fu;

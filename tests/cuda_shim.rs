@@ -27,7 +27,8 @@ extern "C" {
     ) -> i32;
     fn escha_cuda_shim_linear_fused(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
-        s_in: *const f32, s_out: *const f32, bias: *const f32, code1: *const i16, rin1: *const u16, rout1: *const u16,
+        s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
+        rout1: *const u16,
         s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
         path: i32, ksplit: i32,
     ) -> i32;

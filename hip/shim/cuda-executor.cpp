@@ -203,6 +203,7 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
 // the up op of a SWIGLU pair) and what the output transform writes.
 struct fusion_args {
     const uint32_t * code1 = nullptr;
+    int              k1    = 0; // the second op's K
     escha_vecs       v1    = {};
     int              kind  = ESCHA_EPI_NONE;
     const float    * add   = nullptr;
@@ -256,7 +257,8 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         for (int64_t o = 0; o < ops; o++) {
             auto w = nan_filled<half>((size_t) IC * OC);
             // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
-            decode_weight(k, IC, OC, o ? fu.code1 : a.code, w.data(), ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
+            decode_weight(o ? fu.k1 : k, IC, OC, o ? fu.code1 : a.code, w.data(),
+                          ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
             blas_gemm_tn(w.data(), o ? xh1 : xh.data(), o ? mid1 : mid.data(), n_rows, IC, OC);
         }
     } else {
@@ -273,13 +275,26 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
         ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
         escha_consts_fill(a.dc);
-        if (pair) {
+        if (pair && fu.k1 == k) { // both ops' blocks in one launch, as escha.cu
             a.pair_x    = a.n_x * plan.n_z;
             a.pair_code = fu.code1;
             a.pair_xh   = xh1;
             a.pair_mid  = mid1;
+            launch(dim3((unsigned) (2 * a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+        } else {
+            launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
         }
-        launch(dim3((unsigned) (ops * a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+        if (pair && fu.k1 != k) { // code widths differ: a launch each, as escha.cu
+            void (*kernel1)(escha_mm_args) = nullptr;
+            if (!(fu.k1 == 2 ? pick<2>(plan, kernel1) : pick<3>(plan, kernel1))) {
+                return -1;
+            }
+            escha_mm_args a1 = a;
+            a1.code = fu.code1;
+            a1.xh   = xh1;
+            a1.mid  = mid1;
+            launch(dim3((unsigned) (a1.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel1(a1); });
+        }
     }
     if (fused) {
         const bool clean = std::all_of(mid.begin(), mid.end(), [](const float m) { return m == 0.0f && !std::signbit(m); }) &&
@@ -405,16 +420,16 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
 
 // One dense op: y[m][oc] from x[m][ic] (contiguous), path as in k_family_of_path,
 // IC split into ksplit parts (1: plain stores, more: f32 atomics), with
-// escha.cu's graph fusions: with code1 (and its vectors rin1..bias1), a
-// second op of x as the SWIGLU pair's up op, y = silu(op) * op1; else with
+// escha.cu's graph fusions: with code1 (K = k1, and its vectors
+// rin1..bias1), a second op of x as the SWIGLU pair's up op, y = silu(op) * op1; else with
 // add (m x oc), y = op + add, or with silu_mul, y = silu(op) * add; else the
 // op alone (linear).
 int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                                  const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
-                                 const float * bias, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
+                                 const float * bias, int k1, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
                                  const float * s_in1, const float * s_out1, const float * bias1, const float * add, int silu_mul,
                                  float * y, int path, int ksplit) {
-    if (!shape_ok(k, ic, oc) || m <= 0) {
+    if (!shape_ok(k, ic, oc) || m <= 0 || (code1 && !shape_ok(k1, ic, oc))) {
         return -1;
     }
     escha_rows rows = {};
@@ -442,6 +457,7 @@ int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * c
     fusion_args fu;
     if (code1) {
         fu.code1 = (const uint32_t *) code1;
+        fu.k1    = k1;
         fu.v1.rin   = (const half *) rin1;
         fu.v1.rout  = (const half *) rout1;
         fu.v1.s_in  = s_in1;
@@ -458,7 +474,7 @@ int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * c
 int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                            const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                            const float * bias, float * y, int path, int ksplit) {
-    return ESCHA_SHIM_FN(linear_fused)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, nullptr, nullptr, nullptr, nullptr,
+    return ESCHA_SHIM_FN(linear_fused)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, 0, nullptr, nullptr, nullptr, nullptr,
                                        nullptr, nullptr, nullptr, 0, y, path, ksplit);
 }
 

@@ -274,7 +274,8 @@ pub type LinearFn = unsafe extern "C" fn(
 ) -> i32;
 pub type LinearFusedFn = unsafe extern "C" fn(
     k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
-    s_in: *const f32, s_out: *const f32, bias: *const f32, code1: *const i16, rin1: *const u16, rout1: *const u16,
+    s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
+        rout1: *const u16,
     s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
         path: i32, ksplit: i32,
 ) -> i32;
@@ -484,18 +485,20 @@ impl CudaShim {
     /// bound of the C reference), computed here in f32 as ggml-cuda's
     /// SILU and SWIGLU kernels do; an op with a residual ADD in its output
     /// transform, y + r bit for bit; with a SILU and a MUL, silu(y) * r.
-    /// Every multiply family, IC split or not, one row to two 32-row groups.
+    /// Every multiply family, IC split or not, one row to two 32-row groups;
+    /// the pair with both code widths alike and as the published 27B's FFN
+    /// has them (gate K=2, up K=3: a multiply each).
     pub fn graph_fusions_match_their_nodes(&self) {
         let mut n = 0;
-        for k in [2, 3] {
+        for (k, k1) in [(2, 2), (3, 3), (2, 3)] {
             for (ic, oc) in [(256, 384), (384, 256)] {
                 let gate = dense_problem(31 * k as u64 + ic as u64, k, ic, oc, true, true);
-                let up = dense_problem(37 * k as u64 + ic as u64, k, ic, oc, true, false);
+                let up = dense_problem(37 * k1 as u64 + ic as u64, k1, ic, oc, true, false);
                 for (path, m, ksplit) in
                     [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV, 40, 2), (PREFILL, 17, 1), (PREFILL, 70, 3), (SIMT, 9, 2), (BLAS, 33, 2)]
                 {
                     let path = self.path(path);
-                    let what = format!("{} fusion K={k} {ic}x{oc} m={m} path={path} ksplit={ksplit}", self.name);
+                    let what = format!("{} fusion K={k}/{k1} {ic}x{oc} m={m} path={path} ksplit={ksplit}", self.name);
                     let x = gate.input(900 + m as u64, m);
                     let g = self.dense_alone(&format!("{what} gate"), &gate, &x, m, path, ksplit);
                     let u = self.dense_alone(&format!("{what} up"), &up, &x, m, path, ksplit);
@@ -505,7 +508,7 @@ impl CudaShim {
                         (self.linear_fused)(
                             k as i32, ic as i64, oc as i64, gate.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&gate.rin),
                             f16_ptr(&gate.rout), opt(gate.s_in.as_deref()), opt(gate.s_out.as_deref()), opt(gate.bias.as_deref()),
-                            code1, f16_ptr(&p1.rin), f16_ptr(&p1.rout), opt(p1.s_in.as_deref()), opt(p1.s_out.as_deref()),
+                            k1 as i32, code1, f16_ptr(&p1.rin), f16_ptr(&p1.rout), opt(p1.s_in.as_deref()), opt(p1.s_out.as_deref()),
                             opt(p1.bias.as_deref()), add, silu_mul, y.as_mut_ptr(), path, ksplit,
                         )
                     };
