@@ -17,7 +17,8 @@
 // MoE decode slots (the plan's fused GEMV, on the
 // mma path) run all three stages in one launch: escha_gemv_kernel's FUSED.
 // Graph fusion (ggml_cuda_escha_try_fuse, at the end): a gate and up pair
-// with their SWIGLU, or an op with its residual ADD, in one op's launches.
+// with their SWIGLU, or an op with its residual ADD or with its SILU and a
+// MUL, in one op's launches.
 // The rounding points are the contract's (docs/FORMAT.md §5); only the
 // order of the f32 sum in `mid` differs from the reference, which the
 // contract leaves free.
