@@ -544,6 +544,16 @@ static bool escha_fusable(const ggml_tensor * t, escha_op & op) {
            op.dst->type == GGML_TYPE_F32 && ggml_is_contiguous(op.dst) && !escha_plan_of(op, escha_fused_max_rows()).fused;
 }
 
+// Why no memory-range check (upstream's fusions make one): the fused
+// sequence reads x only in its input transform and writes the last node's
+// output only in its output transform, after the multiply, which waits for
+// the input transform; that kernel reads the ADD / MUL operand at the very
+// element each thread then writes. So the allocator's reuse of x's or the
+// operand's memory for the output (in place) is safe. This holds while the
+// output transform reads the operand after its wait and each thread stores
+// only what it read, and while the one-launch kernel takes no fusion.
+// Like upstream's fusions, this runs on the node's stream and does not look
+// at GGML_CUDA_GRAPH_OPT's concurrent streams (off by default).
 int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
     // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
     static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
