@@ -100,7 +100,7 @@ PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 112 ;; ESCHA_MOE) echo 35 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 152 ;; ESCHA_MOE) echo 35 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh

@@ -194,23 +194,56 @@ static inline unsigned escha_transform_grid_y(const int64_t n_rows) {
     return escha_transform_grid_y(n_rows, n_rows >= ESCHA_TRANSFORM_GROUP_MIN_ROWS);
 }
 
+// One op's input transform output: its xh and its mid zeroed (n_mid4
+// float4s; 0 where its multiply overwrites mid), with its vectors v.
+struct escha_xh_target {
+    escha_vecs v;
+    half     * xh;
+    float4   * mid;
+    int64_t    n_mid4;
+};
+
+// The ops one input transform launch serves, one per grid z: the op, a
+// SWIGLU pair's up op, and later ops of the same x (escha.cu's graph
+// fusion), which then skip their own.
+static constexpr int ESCHA_XH_OPS = 4;
+struct escha_xh_targets {
+    escha_xh_target t[ESCHA_XH_OPS];
+};
+
+// t.t[z] selected without indexing the parameter by a variable (which
+// would copy it to local memory).
+static __device__ __forceinline__ escha_xh_target escha_xh_pick(const escha_xh_targets & t, const int z) {
+    escha_xh_target r = t.t[0];
+#pragma unroll
+    for (int j = 1; j < ESCHA_XH_OPS; j++) {
+        if (z == j) {
+            r = t.t[j];
+        }
+    }
+    return r;
+}
+
+// Zeroes mid[0..n_mid4) over the whole grid (the accumulator of a later
+// multiply, which saves a memset node per op).
+static __device__ __forceinline__ void escha_zero_mid(float4 * mid, const int64_t n_mid4) {
+    const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
+    for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
+        mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 // xh[r] = f16(H128(f32(x[r]) * rin_eff) * RS). Block: 4 logical warps, one
-// 128-block each; grid (ceil(IC/512), rows).
-// The same launch also zeroes mid (n_mid4 float4s), the accumulator of the
-// next kernel, which saves a memset node per op.
+// 128-block each; grid (ceil(IC/512), rows, ops): grid z serves op
+// targets.t[z] (escha_xh_targets), its xh and its mid zeroed.
 // early (a dense op whose weights no kernel writes, escha.cu: every row is
 // expert 0's): each lane loads its per-channel vectors before it waits for
 // the kernel before it.
-// A pair of ops that share x (escha.cu's graph fusion) runs as grid z = 2:
-// z = 1 transforms with the second op's vectors into its xh and zeroes its
-// mid (v1, xh1, mid1).
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
-        const escha_rows rows, const escha_vecs v0, half * xh0, const int64_t n_rows, const int IC,
-        float4 * mid0, const int64_t n_mid4, const bool early, const escha_vecs v1, half * xh1, float4 * mid1) {
-    const bool second = blockIdx.z != 0;
-    const escha_vecs v = second ? v1 : v0;
-    half * xh          = second ? xh1 : xh0;
-    float4 * mid       = second ? mid1 : mid0;
+        const escha_rows rows, const escha_xh_targets targets, const int64_t n_rows, const int IC, const bool early) {
+    const escha_xh_target o = escha_xh_pick(targets, (int) blockIdx.z);
+    const escha_vecs & v = o.v;
+    half * xh = o.xh;
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int i0   = blk * 128 + lane * 4;
@@ -220,10 +253,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
         escha_rin_eff(v, 0, i0, re);
     }
     escha_kernel_begin();
-    const int64_t n_threads = (int64_t) gridDim.x * gridDim.y * blockDim.x;
-    for (int64_t i = ((int64_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n_mid4; i += n_threads) {
-        mid[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    escha_zero_mid(o.mid, o.n_mid4);
     if (blk * 128 >= IC) {
         return;
     }
@@ -337,22 +367,30 @@ static __device__ __forceinline__ float escha_silu(const float x) {
 // each; grid (ceil(OC/512), rows). early: as the input transform kernel's.
 // ep: what it writes to dst (escha_epilogue; its kind is the same for the
 // whole grid).
+// next (next.xh set: escha.cu's graph fusion, dense rows): the input
+// transform of the next op, whose x is exactly what this kernel writes to
+// dst (IC = OC, the same rows): its xh from each row's values as they are
+// stored, and its mid zeroed; that op then skips its own.
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
         const escha_rows rows, const escha_vecs v, const float * mid, float * dst,
-        const int64_t n_rows, const int OC, const bool early, const escha_epilogue ep) {
+        const int64_t n_rows, const int OC, const bool early, const escha_epilogue ep, const escha_xh_target next) {
     const int lane = threadIdx.x % ESCHA_LANES;
     const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
     const int o0   = blk * 128 + lane * 4;
     const bool pre  = early && blk * 128 < OC;
     const bool pair = ep.kind == ESCHA_EPI_SWIGLU;
-    float ro[4] = {}, b[4] = {}, ro1[4] = {}, b1[4] = {};
+    float ro[4] = {}, b[4] = {}, ro1[4] = {}, b1[4] = {}, rn[4] = {};
     if (pre) {
         escha_rout_eff(v, 0, o0, ro, b);
         if (pair) {
             escha_rout_eff(ep.v1, 0, o0, ro1, b1);
         }
+        if (next.xh) {
+            escha_rin_eff(next.v, 0, o0, rn);
+        }
     }
     escha_kernel_begin();
+    escha_zero_mid(next.mid, next.n_mid4);
     if (blk * 128 >= OC) {
         return;
     }
@@ -404,6 +442,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_out_kernel(
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     dst[r * OC + o0 + q] = y[q];
+                }
+                if (next.xh) {
+                    if (!pre) {
+                        escha_rin_eff(next.v, 0, o0, rn);
+                    }
+                    half h[4];
+                    escha_xh_from(y, rn, lane, h);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        next.xh[r * OC + o0 + q] = h[q];
+                    }
                 }
             }
         }

@@ -143,6 +143,21 @@ static bool escha_fused_dense() {
     return v;
 }
 
+// Whether stream is capturing a CUDA (HIP) graph: scratch that kernels
+// keep between ops is never allocated then (the allocation would not run
+// when the graph does).
+static bool escha_capturing(cudaStream_t stream) {
+#ifdef GGML_USE_HIP
+    hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+    CUDA_CHECK(hipStreamIsCapturing(stream, &capture));
+    return capture != hipStreamCaptureStatusNone;
+#else
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    return capture != cudaStreamCaptureStatusNone;
+#endif
+}
+
 #ifndef GGML_USE_HIP
 // The fused kernel's state between ops: mid (f32 sums) and the arrival
 // counts, all 0 whenever no fused kernel runs (each one puts back what it
@@ -167,9 +182,7 @@ static bool escha_fused_state(const int device, cudaStream_t stream, const size_
     std::lock_guard<std::mutex> guard(lock);
     state & s = states[{ device, stream }];
     if (s.n_mid < n_mid || s.n_arrive < n_arrive) {
-        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-        if (capture != cudaStreamCaptureStatusNone) {
+        if (escha_capturing(stream)) {
             return false;
         }
         if (s.mid != nullptr) {
@@ -283,19 +296,120 @@ static escha_cuda_plan escha_plan_of(const escha_op & op, const int64_t fused_ma
 // What escha_forward runs beyond the op itself (ggml_cuda_escha_try_fuse):
 // a second dense op of the same input and shape in the same launches
 // (second), and what the output transform writes in place of the op's
-// outputs, to dst (escha_epilogue).
+// outputs, to dst (escha_epilogue); and the input transforms of later ops
+// (escha_ahead below): of ops of the same x (share), from this op's input
+// transform (grid z), and of the next op, whose x is what this op's output
+// transform writes (next).
+static constexpr int ESCHA_SHARE_MAX = ESCHA_XH_OPS - 1;
 struct escha_fusion {
     const escha_op * second = nullptr; // SWIGLU: the up op; the op is the gate
     int              kind   = ESCHA_EPI_NONE;
     const float    * add    = nullptr; // ADD, MUL: the other operand
     float          * dst    = nullptr; // the fused node's output (nullptr: the op's)
+    int              n_share = 0;
+    escha_op         share[ESCHA_SHARE_MAX];
+    bool             has_next = false;
+    escha_op         next;
 };
+
+// ---- input transforms run ahead -------------------------------------------------
+// A later op's xh and zeroed mid, written by an earlier op's launches
+// (escha_fusion's share and next), wait in a slot until that op runs,
+// which then launches no input transform of its own. Token generation only
+// (up to ESCHA_CUDA_GEMV_MAX_ROWS rows), where that launch costs more than
+// its work. One set of slots per device and stream, as the fused kernel's
+// state: slot memory only grows, memory a slot outgrows stays allocated (a
+// CUDA graph captured before may still use it), and it grows only outside
+// stream capture (during one, a target that does not fit is left to compute
+// its own). A slot is claimed when its producer runs and freed when its op
+// runs; any later kernel that writes it waits (stream order, or the
+// dependent launch's wait) for the op's kernels that read it.
+static constexpr int ESCHA_AHEAD_SLOTS = 6;
+struct escha_ahead_slot {
+    half  * xh    = nullptr;
+    size_t  n_xh  = 0;
+    float * mid   = nullptr;
+    size_t  n_mid = 0;
+    const ggml_tensor * node = nullptr; // the op it holds xh and mid for; nullptr: free
+};
+struct escha_ahead_state {
+    escha_ahead_slot slot[ESCHA_AHEAD_SLOTS];
+    // The graph and node index try_fuse saw last: a graph evaluation starts
+    // when either goes back, and frees every slot.
+    const ggml_cgraph * cgraph = nullptr;
+    int                 last_i = -1;
+    // A node try_fuse left to ggml_cuda_compute_forward (no node after it
+    // fused) whose launches still run later ops' input transforms.
+    const ggml_tensor * planned = nullptr;
+    escha_fusion        planned_fu;
+};
+
+static escha_ahead_state & escha_ahead_of(const int device, cudaStream_t stream) {
+    static std::mutex lock;
+    static std::map<std::pair<int, cudaStream_t>, escha_ahead_state> states;
+    std::lock_guard<std::mutex> guard(lock);
+    return states[{ device, stream }]; // std::map: the reference stays valid
+}
+
+// Whether ops run later ops' input transforms: not with GGML_ESCHA_AHEAD=0
+// (for measuring), nor while the graph runs branches on concurrent streams
+// (GGML_CUDA_GRAPH_OPT), where the later op may run on another stream.
+static bool escha_ahead_on(ggml_backend_cuda_context & ctx) {
+    static const bool off = escha_env_off("GGML_ESCHA_AHEAD");
+    return !off && ctx.stream_context().concurrent_events.empty();
+}
+
+// The slot holding node's xh and mid, or nullptr.
+static escha_ahead_slot * escha_ahead_find(escha_ahead_state & st, const ggml_tensor * node) {
+    for (escha_ahead_slot & s : st.slot) {
+        if (s.node != nullptr && s.node == node) {
+            return &s;
+        }
+    }
+    return nullptr;
+}
+
+// Claims a free slot for node with room for n_xh halves of xh and n_mid
+// floats of mid, or gives nullptr (no free slot, or none that fits during
+// a capture).
+static escha_ahead_slot * escha_ahead_claim(escha_ahead_state & st, const ggml_tensor * node, const size_t n_xh, const size_t n_mid,
+                                            cudaStream_t stream) {
+    static std::vector<void *> outgrown; // kept, never freed (above)
+    escha_ahead_slot * grow = nullptr;
+    for (escha_ahead_slot & s : st.slot) {
+        if (s.node != nullptr) {
+            continue;
+        }
+        if (s.n_xh >= n_xh && s.n_mid >= n_mid) {
+            s.node = node;
+            return &s;
+        }
+        grow = grow ? grow : &s;
+    }
+    if (grow == nullptr) {
+        return nullptr;
+    }
+    if (escha_capturing(stream)) {
+        return nullptr;
+    }
+    if (grow->xh != nullptr) {
+        outgrown.push_back(grow->xh);
+        outgrown.push_back(grow->mid);
+    }
+    grow->n_xh  = std::max(n_xh, grow->n_xh);
+    grow->n_mid = std::max(n_mid, grow->n_mid);
+    CUDA_CHECK(cudaMalloc((void **) &grow->xh, grow->n_xh * sizeof(half)));
+    CUDA_CHECK(cudaMalloc((void **) &grow->mid, grow->n_mid * sizeof(float)));
+    grow->node = node;
+    return grow;
+}
 
 // Runs the three stages of a parsed op by its plan (escha-plan.h); with a
 // second op (fu.second), both in each launch: one input transform (grid z
 // = 2), one multiply (the second's blocks after the first's; a multiply
 // each where their code widths K differ, and on the BLAS path), and one
-// output transform.
+// output transform. Its input transform is skipped when an earlier op's
+// launches ran it (a claimed slot); it runs fu.share's and fu.next's.
 static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, const escha_fusion & fu = {}) {
     const int K  = op.k;
     const int IC = (int) op.ic;
@@ -339,13 +453,46 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     // never fuses an op that takes it.
     GGML_ASSERT(!plan.fused || (!pair && fu.kind == ESCHA_EPI_NONE));
 
+    // The ops whose input transform these launches run besides their own
+    // (escha_ahead), each with a slot claimed for it; one that finds none
+    // computes its own. An op whose xh an earlier op's launches wrote (own)
+    // runs none of its own, and so none of fu.share's (the producer looked
+    // past it for those); a pair's first op never takes one (its second op
+    // would lack its own), and frees both.
+    escha_ahead_state * st = escha_ahead_on(ctx) ? &escha_ahead_of(id, stream) : nullptr;
+    escha_ahead_slot * own = st && !plan.fused ? escha_ahead_find(*st, op.dst) : nullptr;
+    escha_ahead_slot * own1 = st && pair ? escha_ahead_find(*st, fu.second->dst) : nullptr;
+    if (pair && own) {
+        own->node = nullptr;
+        own = nullptr;
+    }
+    if (own1) {
+        own1->node = nullptr;
+    }
+    GGML_ASSERT(own == nullptr || (own->n_xh >= (size_t) (n_rows * IC) && own->n_mid >= (size_t) (n_rows * OC)));
+    const escha_op * share[ESCHA_SHARE_MAX] = {};
+    escha_ahead_slot * share_slot[ESCHA_SHARE_MAX] = {};
+    int n_share = 0;
+    for (int j = 0; st && !own && !plan.fused && j < fu.n_share && (pair ? 2 : 1) + n_share < ESCHA_XH_OPS; j++) {
+        const escha_op & o = fu.share[j];
+        escha_ahead_slot * slot = escha_ahead_claim(*st, o.dst, (size_t) (n_rows * o.ic), (size_t) (n_rows * o.oc), stream);
+        if (slot) {
+            share[n_share]      = &o;
+            share_slot[n_share] = slot;
+            n_share++;
+        }
+    }
+    escha_ahead_slot * next_slot = st && fu.has_next && !plan.fused
+        ? escha_ahead_claim(*st, fu.next.dst, (size_t) (n_rows * fu.next.ic), (size_t) (n_rows * fu.next.oc), stream)
+        : nullptr;
+
     // Dense ops' kernels load their weights (code, per-channel vectors)
     // before they wait for the kernel before them, when no kernel can have
     // written those (escha_is_weight); GGML_ESCHA_EARLY=0 turns that off,
     // for measuring.
     static const bool early_allowed = !escha_env_off("GGML_ESCHA_EARLY");
     bool early = early_allowed && !op.moe;
-    for (const escha_op * o : { &op, fu.second }) {
+    for (const escha_op * o : { &op, fu.second, share[0], share[1], share[2], next_slot ? &fu.next : nullptr }) {
         if (o == nullptr) {
             continue;
         }
@@ -360,22 +507,30 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     ggml_cuda_pool_alloc<half>  xh(ctx.pool());
     ggml_cuda_pool_alloc<float> mid(ctx.pool());
     const unsigned gy = escha_transform_grid_y(n_rows);
-    if (!plan.fused) {
+    if (!plan.fused && !own) {
         xh.alloc(ops * n_rows * IC);
         mid.alloc(ops * n_rows * OC);
         // The BLAS product overwrites mid (beta = 0); the others sum into it.
         const int64_t n_mid4 = plan.family == ESCHA_CUDA_BLAS ? 0 : n_rows * OC / 4;
-        half  * xh1  = xh.get() + (ops - 1) * n_rows * IC;
-        float * mid1 = mid.get() + (ops - 1) * n_rows * OC;
-        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) ops), stream,
-                            rows, v, xh.get(), n_rows, IC, (float4 *) mid.get(), n_mid4, early, v1, xh1, (float4 *) mid1);
+        escha_xh_targets t = {};
+        t.t[0] = { v, xh.get(), (float4 *) mid.get(), n_mid4 };
+        if (pair) {
+            t.t[1] = { v1, xh.get() + n_rows * IC, (float4 *) (mid.get() + n_rows * OC), n_mid4 };
+        }
+        for (int j = 0; j < n_share; j++) { // zeroed for any plan: the BLAS product overwrites it
+            t.t[ops + j] = { escha_vecs_of(*share[j]), share_slot[j]->xh, (float4 *) share_slot[j]->mid, n_rows * share[j]->oc / 4 };
+        }
+        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) (ops + n_share)), stream,
+                            rows, t, n_rows, IC, early);
     }
+    half  * op_xh  = own ? own->xh : xh.get();
+    float * op_mid = own ? own->mid : mid.get();
 
     escha_mm_args a = {};
     a.code     = (const uint32_t *) op.code->data;
     a.code_es  = (int64_t) (op.code_nb_e / sizeof(uint32_t));
-    a.xh       = plan.fused ? nullptr : xh.get();
-    a.mid      = plan.fused ? fused_mid : mid.get();
+    a.xh       = plan.fused ? nullptr : op_xh;
+    a.mid      = plan.fused ? fused_mid : op_mid;
     a.rows     = rows;
     a.v        = v;
     a.dst      = (float *) op.dst->data;
@@ -498,9 +653,16 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     ep.add  = fu.add;
     ep.mid1 = pair ? mid.get() + n_rows * OC : nullptr;
     ep.v1   = v1;
+    escha_xh_target next = {};
+    if (next_slot) {
+        next = { escha_vecs_of(fu.next), next_slot->xh, (float4 *) next_slot->mid, n_rows * fu.next.oc / 4 };
+    }
     float * dst = fu.dst ? fu.dst : (float *) op.dst->data;
     escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
-                        rows, v, (const float *) mid.get(), dst, n_rows, OC, early, ep);
+                        rows, v, (const float *) op_mid, dst, n_rows, OC, early, ep, next);
+    if (own) {
+        own->node = nullptr; // read by the kernels above; a later writer waits for them
+    }
 }
 
 static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {
@@ -513,7 +675,17 @@ static escha_op escha_cuda_parse_or_abort(const ggml_tensor * dst) {
 }
 
 void ggml_cuda_op_escha_linear(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    escha_forward(ctx, escha_cuda_parse_or_abort(dst));
+    const escha_op op = escha_cuda_parse_or_abort(dst);
+    if (escha_ahead_on(ctx)) {
+        // What ggml_cuda_escha_try_fuse planned for this node, if anything.
+        escha_ahead_state & st = escha_ahead_of(ggml_cuda_get_device(), ctx.stream());
+        if (st.planned == dst) {
+            st.planned = nullptr;
+            escha_forward(ctx, op, st.planned_fu);
+            return;
+        }
+    }
+    escha_forward(ctx, op);
 }
 
 void ggml_cuda_op_escha_moe(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -544,62 +716,55 @@ static bool escha_fusable(const ggml_tensor * t, escha_op & op) {
            op.dst->type == GGML_TYPE_F32 && ggml_is_contiguous(op.dst) && !escha_plan_of(op, escha_fused_max_rows()).fused;
 }
 
-// Why no memory-range check (upstream's fusions make one): the fused
-// sequence reads x only in its input transform and writes the last node's
-// output only in its output transform, after the multiply, which waits for
-// the input transform; that kernel reads the ADD / MUL operand at the very
-// element each thread then writes. So the allocator's reuse of x's or the
-// operand's memory for the output (in place) is safe. This holds while the
-// output transform reads the operand after its wait and each thread stores
-// only what it read, and while the one-launch kernel takes no fusion.
-// Like upstream's fusions, this runs on the node's stream and does not look
-// at GGML_CUDA_GRAPH_OPT's concurrent streams (off by default).
-int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
-    // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
-    static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
-    escha_op a;
-    if (off || !escha_fusable(cgraph->nodes[i], a)) {
-        return 0;
-    }
-    const int64_t n_out = a.n_slots * a.oc;
+// Whether node j of the graph runs nothing (ggml-cuda skips it).
+static bool escha_noop(const ggml_tensor * t) {
+    return !(t->flags & GGML_TENSOR_FLAG_COMPUTE) || ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE ||
+           t->op == GGML_OP_VIEW || t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
+}
 
-    // A gate and an up op of one input, then SWIGLU(gate, up): one input
-    // transform, one multiply and one output transform that writes the
-    // SWIGLU's result (as llama.cpp's FFN builds it: gate, up, SWIGLU).
-    escha_op b;
-    if (i + 2 < cgraph->n_nodes && escha_fusable(cgraph->nodes[i + 1], b)) {
-        ggml_tensor * glu = cgraph->nodes[i + 2];
-        const ggml_tensor * n0 = cgraph->nodes[i];
-        const ggml_tensor * n1 = cgraph->nodes[i + 1];
-        if (glu->op == GGML_OP_GLU && ggml_get_glu_op(glu) == GGML_GLU_OP_SWIGLU && (glu->flags & GGML_TENSOR_FLAG_COMPUTE) &&
-            ggml_get_op_params_i32(glu, 1) == 0 && glu->src[1] != nullptr &&
-            ((glu->src[0] == n0 && glu->src[1] == n1) || (glu->src[0] == n1 && glu->src[1] == n0)) &&
-            escha_used_once(cgraph, i, false) && escha_used_once(cgraph, i + 1, false) && b.x == a.x &&
-            b.ic == a.ic && b.oc == a.oc && b.n_slots == a.n_slots && escha_like_output(glu, n_out) && ggml_are_same_shape(glu, n0)) {
-            const bool gate_first = glu->src[0] == n0;
-            escha_fusion fu;
-            fu.second = gate_first ? &b : &a;
-            fu.kind   = ESCHA_EPI_SWIGLU;
-            fu.dst    = (float *) glu->data;
-            escha_forward(ctx, gate_first ? a : b, fu);
-            return 2;
-        }
+// Whether t's bytes may overlap u's (either without memory: yes).
+static bool escha_overlaps(const ggml_tensor * t, const ggml_tensor * u) {
+    if (t->data == nullptr || u->data == nullptr) {
+        return true;
     }
+    const char * t0 = (const char *) t->data, * u0 = (const char *) u->data;
+    return t0 < u0 + ggml_nbytes(u) && u0 < t0 + ggml_nbytes(t);
+}
 
-    // The op, views that only reshape it, then an ADD of a tensor of the
-    // same shape (a residual): the output transform writes the sum; or a
-    // SILU of it and a MUL by a tensor of the same shape (the gate of
-    // Qwen3.5's gated norm): the output transform writes the product.
+// Nodes i, i + 1, i + 2 as a gate op, an up op of the same input and shape
+// (either order) and SWIGLU(gate, up), as llama.cpp's FFN builds them: a
+// and b parsed (node i, node i + 1), gate_first set.
+static bool escha_pair_at(const ggml_cgraph * cgraph, const int i, escha_op & a, escha_op & b, bool & gate_first) {
+    if (i + 2 >= cgraph->n_nodes || !escha_fusable(cgraph->nodes[i], a) || !escha_fusable(cgraph->nodes[i + 1], b)) {
+        return false;
+    }
+    const ggml_tensor * glu = cgraph->nodes[i + 2];
+    const ggml_tensor * n0  = cgraph->nodes[i];
+    const ggml_tensor * n1  = cgraph->nodes[i + 1];
+    gate_first = glu->src[0] == n0;
+    return glu->op == GGML_OP_GLU && ggml_get_glu_op(glu) == GGML_GLU_OP_SWIGLU && (glu->flags & GGML_TENSOR_FLAG_COMPUTE) &&
+           ggml_get_op_params_i32(glu, 1) == 0 && glu->src[1] != nullptr &&
+           ((glu->src[0] == n0 && glu->src[1] == n1) || (glu->src[0] == n1 && glu->src[1] == n0)) &&
+           escha_used_once(cgraph, i, false) && escha_used_once(cgraph, i + 1, false) && b.x == a.x && b.ic == a.ic &&
+           b.oc == a.oc && b.n_slots == a.n_slots && escha_like_output(glu, a.n_slots * a.oc) && ggml_are_same_shape(glu, n0);
+}
+
+// Node i's op (a, n_out outputs), views that only reshape it, then an ADD
+// of a tensor of the same shape (a residual): the output transform writes
+// the sum; or a SILU of it and a MUL by a tensor of the same shape (the
+// gate of Qwen3.5's gated norm): the output transform writes the product.
+// On a match: fu's kind, operand and output, and last, the MUL or ADD node.
+static bool escha_epilogue_at(const ggml_cgraph * cgraph, const int i, const int64_t n_out, escha_fusion & fu, int & last) {
     int j = i + 1;
     const ggml_tensor * prev = cgraph->nodes[i];
     if (!escha_used_once(cgraph, i, false)) {
-        return 0;
+        return false;
     }
     while (j < cgraph->n_nodes && (cgraph->nodes[j]->op == GGML_OP_RESHAPE || cgraph->nodes[j]->op == GGML_OP_VIEW)) {
         const ggml_tensor * view = cgraph->nodes[j];
         if (view->src[0] != prev || view->data != prev->data || !escha_like_output(view, n_out) ||
             !escha_used_once(cgraph, j, true)) {
-            return 0;
+            return false;
         }
         prev = view;
         j++;
@@ -609,29 +774,167 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         const ggml_tensor * silu = cgraph->nodes[j];
         if (silu->src[0] != prev || !escha_like_output(silu, n_out) || !ggml_are_same_shape(silu, prev) ||
             !escha_used_once(cgraph, j, false)) {
-            return 0;
+            return false;
         }
         kind = ESCHA_EPI_SILU_MUL;
         prev = silu;
         j++;
     }
     if (j >= cgraph->n_nodes) {
-        return 0;
+        return false;
     }
-    ggml_tensor * last = cgraph->nodes[j];
-    if (last->op != (kind == ESCHA_EPI_ADD ? GGML_OP_ADD : GGML_OP_MUL) || !(last->flags & GGML_TENSOR_FLAG_COMPUTE) ||
-        (last->src[0] == prev) == (last->src[1] == prev)) {
-        return 0;
+    const ggml_tensor * node = cgraph->nodes[j];
+    if (node->op != (kind == ESCHA_EPI_ADD ? GGML_OP_ADD : GGML_OP_MUL) || !(node->flags & GGML_TENSOR_FLAG_COMPUTE) ||
+        (node->src[0] == prev) == (node->src[1] == prev)) {
+        return false;
     }
-    const ggml_tensor * other = last->src[0] == prev ? last->src[1] : last->src[0];
-    if (!escha_like_output(last, n_out) || !escha_like_output(other, n_out) || !ggml_are_same_shape(last, other) ||
-        !ggml_are_same_shape(last, prev)) {
-        return 0;
+    const ggml_tensor * other = node->src[0] == prev ? node->src[1] : node->src[0];
+    if (!escha_like_output(node, n_out) || !escha_like_output(other, n_out) || !ggml_are_same_shape(node, other) ||
+        !ggml_are_same_shape(node, prev)) {
+        return false;
     }
-    escha_fusion fu;
     fu.kind = kind;
     fu.add  = (const float *) other->data;
-    fu.dst  = (float *) last->data;
-    escha_forward(ctx, a, fu);
-    return j - i;
+    fu.dst  = (float *) node->data;
+    last    = j;
+    return true;
+}
+
+// Whether node j is a dense op that can take its input transform from an
+// earlier op's launches (escha_fusable, and not the first op of a SWIGLU
+// pair, which runs its pair's), parsed into c.
+static bool escha_ahead_target(const ggml_cgraph * cgraph, const int j, escha_op & c) {
+    escha_op a, b;
+    bool gate_first;
+    return escha_fusable(cgraph->nodes[j], c) && !escha_pair_at(cgraph, j, a, b, gate_first);
+}
+
+// The later ops whose input transform op a's launches run (escha_fusion's
+// share and next): a's fusion ends at node last, and its output transform
+// writes out.
+// - share: the ops of a's x (same tensor layout and rows) from node last
+//   on, up to the first other escha op or the first node that writes x's
+//   memory: a's input transform runs theirs too (grid z). Not for a pair,
+//   nor when an earlier op ran a's (it ran these too, where it could).
+// - next: the first escha op after last, if its x is exactly out (its
+//   rows the output transform's rows) and no node between writes out's
+//   memory: the output transform runs its input transform.
+// Each such op is dense, of up to ESCHA_CUDA_GEMV_MAX_ROWS rows, and runs
+// on this stream, where the nodes between run in order.
+static void escha_plan_ahead(const ggml_cgraph * cgraph, const int last, const escha_op & a, const ggml_tensor * out,
+                             escha_ahead_state & st, escha_fusion & fu) {
+    if (fu.second == nullptr && escha_ahead_find(st, a.dst) == nullptr) {
+        for (int j = last + 1; j < cgraph->n_nodes && fu.n_share < ESCHA_SHARE_MAX; j++) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (escha_noop(t)) {
+                continue;
+            }
+            if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
+                escha_op c;
+                if (!escha_ahead_target(cgraph, j, c) || c.n_slots != a.n_slots || c.x->data != a.x->data ||
+                    c.x->type != a.x->type || !ggml_are_same_shape(c.x, a.x) || !ggml_are_same_stride(c.x, a.x)) {
+                    break;
+                }
+                fu.share[fu.n_share++] = c;
+                continue;
+            }
+            if (escha_overlaps(t, a.x)) {
+                break;
+            }
+        }
+    }
+    for (int j = last + 1; j < cgraph->n_nodes; j++) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (escha_noop(t)) {
+            continue;
+        }
+        if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
+            escha_op c;
+            if (escha_ahead_target(cgraph, j, c) && c.x->data == out->data && c.x->type == GGML_TYPE_F32 &&
+                ggml_is_contiguous(c.x) && c.ic == a.oc && c.n_slots == a.n_slots) {
+                fu.next     = c;
+                fu.has_next = true;
+            }
+            return;
+        }
+        if (escha_overlaps(t, out)) {
+            return;
+        }
+    }
+}
+
+// Why no memory-range check for the fused nodes (upstream's fusions make
+// one): the fused
+// sequence reads x only in its input transform and writes the last node's
+// output only in its output transform, after the multiply, which waits for
+// the input transform; that kernel reads the ADD / MUL operand at the very
+// element each thread then writes. So the allocator's reuse of x's or the
+// operand's memory for the output (in place) is safe. This holds while the
+// output transform reads the operand after its wait and each thread stores
+// only what it read, and while the one-launch kernel takes no fusion.
+// Input transforms run ahead (escha_plan_ahead) do check: the nodes between
+// the op and the later op must not write the later op's x.
+// Like upstream's fusions, this runs on the node's stream; while
+// GGML_CUDA_GRAPH_OPT runs branches on concurrent streams, no input
+// transform runs ahead.
+int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
+    // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
+    static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
+    escha_op a;
+    if (off || !escha_fusable(cgraph->nodes[i], a)) {
+        return 0;
+    }
+    const int64_t n_out = a.n_slots * a.oc;
+
+    // The ahead slots belong to one graph evaluation: a new one (another
+    // graph, or this one from its start again) frees them all.
+    escha_ahead_state * st = nullptr;
+    if (escha_ahead_on(ctx)) {
+        st = &escha_ahead_of(ggml_cuda_get_device(), ctx.stream());
+        if (cgraph != st->cgraph || i <= st->last_i) {
+            for (escha_ahead_slot & s : st->slot) {
+                s.node = nullptr;
+            }
+        }
+        st->cgraph  = cgraph;
+        st->last_i  = i;
+        st->planned = nullptr;
+        if (a.n_slots > ESCHA_CUDA_GEMV_MAX_ROWS) {
+            st = nullptr;
+        }
+    }
+
+    escha_fusion fu;
+    int last = i;                              // the fusion's last node
+    const ggml_tensor * out = cgraph->nodes[i]; // what its output transform writes
+    const escha_op * first = &a;
+
+    // A gate and an up op of one input, then SWIGLU(gate, up): one input
+    // transform, one multiply and one output transform that writes the
+    // SWIGLU's result (as llama.cpp's FFN builds it: gate, up, SWIGLU).
+    escha_op b;
+    bool gate_first = true;
+    if (escha_pair_at(cgraph, i, a, b, gate_first)) {
+        fu.second = gate_first ? &b : &a;
+        first     = gate_first ? &a : &b;
+        fu.kind   = ESCHA_EPI_SWIGLU;
+        fu.dst    = (float *) cgraph->nodes[i + 2]->data;
+        last      = i + 2;
+        out       = cgraph->nodes[i + 2];
+    } else {
+        escha_epilogue_at(cgraph, i, n_out, fu, last);
+        out = cgraph->nodes[last];
+    }
+    if (st) {
+        escha_plan_ahead(cgraph, last, *first, out, *st, fu);
+    }
+    if (last > i) {
+        escha_forward(ctx, *first, fu);
+        return last - i;
+    }
+    if (st && (fu.n_share > 0 || fu.has_next)) {
+        st->planned    = cgraph->nodes[i];
+        st->planned_fu = fu;
+    }
+    return 0;
 }

@@ -34,7 +34,7 @@ harness() { # OP CASES
     printf '%s\n' "$out" | tail -n 3
     grep -q "  $2/$2 tests passed" <<<"$out" || { echo "test-backend-ops -o $1: expected $2 cases to pass" >&2; exit 1; }
 }
-harness ESCHA_LINEAR 112
+harness ESCHA_LINEAR 152
 harness ESCHA_MOE 35
 
 if command -v hipcc >/dev/null 2>&1; then

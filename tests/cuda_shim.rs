@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LinearFusedFn, MoeFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, LinearFusedFn, MoeFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
@@ -32,6 +32,13 @@ extern "C" {
         s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
         path: i32, ksplit: i32,
     ) -> i32;
+    fn escha_cuda_shim_linear_ahead(
+        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
+        s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
+        rout1: *const u16,
+        s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
+        path: i32, ksplit: i32, later: *const LaterOp, n_later: i32,
+    ) -> i32;
     fn escha_cuda_shim_moe(
         k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
         ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
@@ -48,6 +55,7 @@ const CUDA: CudaShim = CudaShim {
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
         linear_fused: escha_cuda_shim_linear_fused as LinearFusedFn,
+        linear_ahead: escha_cuda_shim_linear_ahead as LinearAheadFn,
     moe: escha_cuda_shim_moe as MoeFn,
     simt_only: false,
 };
@@ -90,4 +98,9 @@ fn moe_invalid_id_gives_nan() {
 #[test]
 fn graph_fusions_match_their_nodes() {
     CUDA.graph_fusions_match_their_nodes();
+}
+
+#[test]
+fn ahead_transforms_match_their_ops() {
+    CUDA.ahead_transforms_match_their_ops();
 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LinearFusedFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, LinearFusedFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
 use escha_ggml::testutil::RandomLinear as Problem;
 
 extern "C" {
@@ -32,6 +32,13 @@ extern "C" {
         s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
         path: i32, ksplit: i32,
     ) -> i32;
+    fn escha_hip_shim_linear_ahead(
+        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
+        s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
+        rout1: *const u16,
+        s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
+        path: i32, ksplit: i32, later: *const LaterOp, n_later: i32,
+    ) -> i32;
     fn escha_hip_shim_moe(
         k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
         ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
@@ -52,6 +59,7 @@ fn hip(lanes: i32) -> CudaShim {
         out: escha_hip_shim_out as OutFn,
         linear: escha_hip_shim_linear as LinearFn,
         linear_fused: escha_hip_shim_linear_fused as LinearFusedFn,
+        linear_ahead: escha_hip_shim_linear_ahead as LinearAheadFn,
         moe: escha_hip_shim_moe as MoeFn,
         simt_only: true,
     }
@@ -95,6 +103,11 @@ macro_rules! hip_tests {
             #[test]
             fn graph_fusions_match_their_nodes() {
                 hip($lanes).graph_fusions_match_their_nodes();
+            }
+
+            #[test]
+            fn ahead_transforms_match_their_ops() {
+                hip($lanes).ahead_transforms_match_their_ops();
             }
 
             #[test]

@@ -174,6 +174,15 @@ CUDA_KERNEL = [
     M("cuda-fusion-silu-operand", "fast", CUH,
       "y[q] = escha_silu(y[q]) * ep.add[r * OC + o0 + q];", "y[q] = y[q] * escha_silu(ep.add[r * OC + o0 + q]);",
       "cuda_shim", "graph fusion: SILU and MUL take silu of the MUL's other operand, not of the op"),
+    M("cuda-ahead-share-pick", "fast", CUH,
+      "        if (z == j) {\n            r = t.t[j];", "        if (z == j) {\n            r = t.t[0];",
+      "cuda_shim", "ahead: the input transform's grid z > 0 serves the op's own target, not a later op's"),
+    M("cuda-ahead-next-mid", "fast", CUH,
+      "    escha_zero_mid(next.mid, next.n_mid4);\n", "",
+      "cuda_shim", "ahead: the output transform leaves the next op's mid unzeroed"),
+    M("cuda-ahead-next-row", "fast", CUH,
+      "next.xh[r * OC + o0 + q] = h[q];", "next.xh[o0 + q] = h[q];",
+      "cuda_shim", "ahead: every row's next-op xh written to row 0"),
 ]
 
 MUTANTS = CUDA_KERNEL + [
@@ -412,9 +421,12 @@ MUTANTS += [
     M("gpu-fusion-pair-width", "gpu", "hip/escha.cu",
       "multiply(a1, fu.second->k);", "multiply(a1, K);",
       "device_tbo", "graph fusion: the up op of a gate K=2 / up K=3 pair decoded as K=2"),
+    M("gpu-ahead-own-xh", "gpu", "hip/escha.cu",
+      "half  * op_xh  = own ? own->xh : xh.get();", "half  * op_xh  = xh.get();",
+      "device_tbo", "ahead: an op whose input transform ran ahead multiplies its own (never written) xh"),
     M("gpu-pdl-out-early", "gpu", CUH,
-      "    escha_kernel_begin();\n    if (blk * 128 >= OC) {\n",
-      "    escha_pdl_release();\n    if (blk * 128 >= OC) {\n",
+      "    escha_kernel_begin();\n    escha_zero_mid(next.mid, next.n_mid4);\n    if (blk * 128 >= OC) {\n",
+      "    escha_pdl_release();\n    escha_zero_mid(next.mid, next.n_mid4);\n    if (blk * 128 >= OC) {\n",
       "device_tbo", "dependent launch: the output transform reads mid without waiting for the multiply to end"),
 ]
 

@@ -185,12 +185,14 @@ static void run_op(const int IC, const int OC, const int nsm) {
     // of the code.
     const cold_code codes(d_code, n_code * 2);
     auto xh = [&]() {
-        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_xh,
-                            (int64_t) 1, IC, (float4 *) d_mid, (int64_t) (OC / 4), true, v, d_xh, (float4 *) d_mid);
+        escha_xh_targets t = {};
+        t.t[0] = { v, d_xh, (float4 *) d_mid, (int64_t) (OC / 4) };
+        escha_kernel_launch(escha_xh_kernel, dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, t,
+                            (int64_t) 1, IC, true);
     };
     auto out = [&]() {
         escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, 1, 1), (cudaStream_t) 0, rows, v, d_mid,
-                            d_y, (int64_t) 1, OC, true, escha_epilogue{});
+                            d_y, (int64_t) 1, OC, true, escha_epilogue{}, escha_xh_target{});
     };
     auto mm = [&](const int i) {
         a.code = codes[i];

@@ -207,6 +207,16 @@ struct fusion_args {
     escha_vecs       v1    = {};
     int              kind  = ESCHA_EPI_NONE;
     const float    * add   = nullptr;
+    // Input transforms run ahead (escha.cu's escha_fusion share and next):
+    // later ops of the same x whose xh and mid this op's input transform
+    // writes (grid z), and the next op's, from what its output transform
+    // writes; own_xh / own_mid: this op's own, written by an earlier op (it
+    // runs no input transform).
+    int              n_share = 0;
+    escha_xh_target  share[ESCHA_XH_OPS - 1] = {};
+    escha_xh_target  next    = {};
+    half           * own_xh  = nullptr;
+    float          * own_mid = nullptr;
 };
 
 // xh, multiply, out for n_rows op rows (mode set in a by the caller; groups
@@ -217,9 +227,11 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
            int64_t rows_per_group, int64_t most, int64_t n_expert, int ksplit, float * y, const fusion_args & fu = {}) {
     const bool fused = path == k_path_fused || path == k_path_fused2;
     const bool pair  = fu.code1 != nullptr;
+    const bool ahead = fu.n_share > 0 || fu.next.xh != nullptr || fu.own_xh != nullptr;
     if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
         (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED)) ||
-        ((pair || fu.kind != ESCHA_EPI_NONE) && (fused || a.mode != 0 || pair != (fu.kind == ESCHA_EPI_SWIGLU)))) {
+        ((pair || fu.kind != ESCHA_EPI_NONE || ahead) && (fused || a.mode != 0 || pair != (fu.kind == ESCHA_EPI_SWIGLU))) ||
+        (fu.own_xh && (pair || fu.n_share > 0)) || (pair ? 2 : 1) + fu.n_share > ESCHA_XH_OPS) {
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
@@ -246,24 +258,32 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     float * mid1 = mid.data() + (ops - 1) * n_rows * OC;
     const escha_vecs v1 = pair ? fu.v1 : v;
     std::vector<unsigned> arrive(fused ? (size_t) plan.n_z * (OC / 128) : 0, 0u);
-    if (!fused) {
-        // As escha.cu: mid is zeroed only where the multiply sums into it.
-        launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) ops), ESCHA_THREADS, [&] {
-            escha_xh_kernel(rows, v, xh.data(), n_rows, IC, (float4 *) mid.data(), blas ? 0 : n_rows * OC / 4, dense, v1, xh1,
-                            (float4 *) mid1);
-        });
+    if (!fused && !fu.own_xh) {
+        // As escha.cu: mid is zeroed only where the multiply sums into it
+        // (and always for the ops run ahead).
+        const int64_t n_mid4 = blas ? 0 : n_rows * OC / 4;
+        escha_xh_targets t = {};
+        t.t[0] = { v, xh.data(), (float4 *) mid.data(), n_mid4 };
+        t.t[1] = { v1, xh1, (float4 *) mid1, n_mid4 };
+        for (int j = 0; j < fu.n_share; j++) {
+            t.t[ops + j] = fu.share[j];
+        }
+        launch(dim3((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, (unsigned) (ops + fu.n_share)), ESCHA_THREADS,
+               [&] { escha_xh_kernel(rows, t, n_rows, IC, dense); });
     }
+    half  * op_xh  = fu.own_xh ? fu.own_xh : xh.data();
+    float * op_mid = fu.own_xh ? fu.own_mid : mid.data();
     if (blas) {
         for (int64_t o = 0; o < ops; o++) {
             auto w = nan_filled<half>((size_t) IC * OC);
             // ksplit stands for the grid size here: 1 block, or escha.cu's grid.
             decode_weight(o ? fu.k1 : k, IC, OC, o ? fu.code1 : a.code, w.data(),
                           ksplit > 1 ? (unsigned) escha_decode_blocks(a.KT, a.NT) : 1);
-            blas_gemm_tn(w.data(), o ? xh1 : xh.data(), o ? mid1 : mid.data(), n_rows, IC, OC);
+            blas_gemm_tn(w.data(), o ? xh1 : op_xh, o ? mid1 : op_mid, n_rows, IC, OC);
         }
     } else {
-        a.xh      = fused ? nullptr : xh.data();
-        a.mid     = mid.data();
+        a.xh      = fused ? nullptr : op_xh;
+        a.mid     = fused ? mid.data() : op_mid;
         a.arrive  = arrive.data();
         a.rows    = rows;
         a.v       = v;
@@ -307,7 +327,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     ep.mid1 = pair ? mid1 : nullptr;
     ep.v1   = v1;
     launch(dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid.data(), y, n_rows, OC, dense, ep);
+        escha_out_kernel(rows, v, op_mid, y, n_rows, OC, dense, ep, fu.next);
     });
     return 0;
 }
@@ -317,6 +337,23 @@ bool shape_ok(int k, int64_t ic, int64_t oc) {
 }
 
 } // namespace
+
+// A later op for linear_ahead (tests/cuda_shim.rs's LaterOp): K k, oc
+// outputs, its code and vectors (f16 bits, f32); next: its x is the first
+// op's output (its IC the first op's OC), else the first op's own x; y:
+// its outputs.
+struct escha_shim_later {
+    int              k;
+    int              next;
+    int64_t          oc;
+    const int16_t  * code;
+    const uint16_t * rin;
+    const uint16_t * rout;
+    const float    * s_in;
+    const float    * s_out;
+    const float    * bias;
+    float          * y;
+};
 
 #ifdef GGML_USE_HIP
 #define ESCHA_SHIM_FN(name) escha_hip_shim_##name
@@ -394,7 +431,9 @@ int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * r
     v.rin  = (const half *) rin;
     v.s_in = s_in;
     launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
-        escha_xh_kernel(rows, v, (half *) xh, m, (int) ic, nullptr, 0, true, v, (half *) xh, nullptr);
+        escha_xh_targets t = {};
+        t.t[0] = { v, (half *) xh, nullptr, 0 };
+        escha_xh_kernel(rows, t, m, (int) ic, true);
     });
     return 0;
 }
@@ -413,7 +452,7 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
     v.s_out = s_out;
     v.bias  = bias;
     launch(dim3((unsigned) ((oc / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), escha_transform_grid_y(m, true)), ESCHA_THREADS, [&] {
-        escha_out_kernel(rows, v, mid, y, m, (int) oc, true, escha_epilogue{});
+        escha_out_kernel(rows, v, mid, y, m, (int) oc, true, escha_epilogue{}, escha_xh_target{});
     });
     return 0;
 }
@@ -424,12 +463,15 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
 // rin1..bias1), a second op of x as the SWIGLU pair's up op, y = silu(op) * op1; else with
 // add (m x oc), y = op + add, or with silu_mul, y = silu(op) * add; else the
 // op alone (linear).
-int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+// Then the n_later ops of later, whose input transforms this op's launches
+// run ahead as escha.cu's do (escha_shim_later), each on the same path and
+// split, from the xh and mid it left them.
+int ESCHA_SHIM_FN(linear_ahead)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                                  const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                                  const float * bias, int k1, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
                                  const float * s_in1, const float * s_out1, const float * bias1, const float * add, int silu_mul,
-                                 float * y, int path, int ksplit) {
-    if (!shape_ok(k, ic, oc) || m <= 0 || (code1 && !shape_ok(k1, ic, oc))) {
+                                 float * y, int path, int ksplit, const escha_shim_later * later, int n_later) {
+    if (!shape_ok(k, ic, oc) || m <= 0 || (code1 && !shape_ok(k1, ic, oc)) || n_later < 0 || (n_later > 0 && !later)) {
         return -1;
     }
     escha_rows rows = {};
@@ -468,7 +510,59 @@ int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * c
         fu.kind = silu_mul ? ESCHA_EPI_SILU_MUL : ESCHA_EPI_ADD;
         fu.add  = add;
     }
-    return run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y, fu);
+    // Each later op's xh and mid: NaN until this op's launches write them.
+    std::vector<std::vector<half>> lxh(n_later);
+    std::vector<std::vector<float>> lmid(n_later);
+    std::vector<escha_vecs> lv(n_later);
+    for (int l = 0; l < n_later; l++) {
+        const escha_shim_later & o = later[l];
+        const int64_t lic = o.next ? oc : ic;
+        if (!shape_ok(o.k, lic, o.oc) || !o.code || !o.y || (o.next && fu.next.xh) || (!o.next && fu.n_share == ESCHA_XH_OPS - 1)) {
+            return -1;
+        }
+        lxh[l]  = nan_filled<half>((size_t) (m * lic));
+        lmid[l] = nan_filled<float>((size_t) (m * o.oc));
+        lv[l].rin   = (const half *) o.rin;
+        lv[l].rout  = (const half *) o.rout;
+        lv[l].s_in  = o.s_in;
+        lv[l].s_out = o.s_out;
+        lv[l].bias  = o.bias;
+        const escha_xh_target t = { lv[l], lxh[l].data(), (float4 *) lmid[l].data(), m * o.oc / 4 };
+        if (o.next) {
+            fu.next = t;
+        } else {
+            fu.share[fu.n_share++] = t;
+        }
+    }
+    int rc = run_op(k, rows, v, m, a, path, m, m, 1, ksplit, y, fu);
+    for (int l = 0; l < n_later && rc == 0; l++) {
+        const escha_shim_later & o = later[l];
+        const int64_t lic = o.next ? oc : ic;
+        escha_rows lrows = rows;
+        lrows.x   = (const char *) (o.next ? y : x);
+        lrows.nb1 = lic * 4;
+        lrows.nb2 = lrows.nb3 = lrows.nb1 * m;
+        escha_mm_args la = a;
+        la.code = (const uint32_t *) o.code;
+        la.KT   = (int) (lic / 16);
+        la.NT   = (int) (o.oc / 16);
+        la.IC   = (int) lic;
+        la.OC   = (int) o.oc;
+        fusion_args lfu;
+        lfu.own_xh  = lxh[l].data();
+        lfu.own_mid = lmid[l].data();
+        rc = run_op(o.k, lrows, lv[l], m, la, path, m, m, 1, ksplit, o.y, lfu);
+    }
+    return rc;
+}
+
+int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
+                                 const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
+                                 const float * bias, int k1, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
+                                 const float * s_in1, const float * s_out1, const float * bias1, const float * add, int silu_mul,
+                                 float * y, int path, int ksplit) {
+    return ESCHA_SHIM_FN(linear_ahead)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, k1, code1, rin1, rout1, s_in1, s_out1,
+                                       bias1, add, silu_mul, y, path, ksplit, nullptr, 0);
 }
 
 int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,

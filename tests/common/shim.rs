@@ -279,6 +279,28 @@ pub type LinearFusedFn = unsafe extern "C" fn(
     s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
         path: i32, ksplit: i32,
 ) -> i32;
+/// A later op of `LinearAheadFn` (hip/shim/cuda-executor.cpp's
+/// escha_shim_later): next = 1 when its x is the first op's output.
+#[repr(C)]
+pub struct LaterOp {
+    pub k: i32,
+    pub next: i32,
+    pub oc: i64,
+    pub code: *const i16,
+    pub rin: *const u16,
+    pub rout: *const u16,
+    pub s_in: *const f32,
+    pub s_out: *const f32,
+    pub bias: *const f32,
+    pub y: *mut f32,
+}
+pub type LinearAheadFn = unsafe extern "C" fn(
+    k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
+    s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
+        rout1: *const u16,
+    s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
+        path: i32, ksplit: i32, later: *const LaterOp, n_later: i32,
+) -> i32;
 pub type MoeFn = unsafe extern "C" fn(
     k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
     ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
@@ -315,6 +337,7 @@ pub struct CudaShim {
     pub out: OutFn,
     pub linear: LinearFn,
     pub linear_fused: LinearFusedFn,
+    pub linear_ahead: LinearAheadFn,
     pub moe: MoeFn,
     pub simt_only: bool,
 }
@@ -529,6 +552,102 @@ impl CudaShim {
             }
         }
         eprintln!("{} graph fusions: {n} cases, every output bit for bit its nodes'", self.name);
+    }
+
+    /// escha.cu's input transforms run ahead give exactly what the ops give
+    /// run alone: later ops of the same x take their xh and zeroed mid from
+    /// the first op's input transform (grid z), and the next op, whose x is
+    /// the first op's output, from its output transform, after each of the
+    /// graph fusions (none, residual ADD, SILU and MUL, SWIGLU pair). Each
+    /// later op's outputs bit for bit its run alone on its input; the first
+    /// op's bit for bit its run without them. Every family the ahead path
+    /// takes (not the one-launch kernel), split or not, 1 to 40 rows; the
+    /// later ops' scratch starts NaN, so one left unwritten shows.
+    pub fn ahead_transforms_match_their_ops(&self) {
+        let mut n = 0;
+        for (k, k2) in [(2, 3), (3, 2)] {
+            let (ic, oc) = (256, 384);
+            let first = dense_problem(61 * k as u64, k, ic, oc, true, true);
+            let up = dense_problem(67 * k as u64, k, ic, oc, true, false);
+            let share_a = dense_problem(71 * k2 as u64, k2, ic, 128, true, false);
+            let share_b = dense_problem(73 * k as u64, k, ic, 256, false, true);
+            let next = dense_problem(79 * k2 as u64, k2, oc, 256, true, true);
+            for (path, m, ksplit) in [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV, 40, 2), (PREFILL, 17, 1), (SIMT, 9, 2), (BLAS, 33, 2)] {
+                let path = self.path(path);
+                let x = first.input(960 + m as u64, m);
+                let r = Rng::new(970 + m as u64).f32s(m * oc, -2.0, 2.0);
+                for (kind, add, silu_mul, pair) in
+                    [("alone", false, 0, false), ("add", true, 0, false), ("silu_mul", true, 1, false), ("swiglu", false, 0, true)]
+                {
+                    let what = format!("{} ahead K={k}/{k2} m={m} path={path} ksplit={ksplit} after {kind}", self.name);
+                    // Shares ride in the input transform's spare grid z: two
+                    // beside one op, one beside a pair.
+                    let shares: Vec<&Problem> = if pair { vec![&share_a] } else { vec![&share_a, &share_b] };
+                    let mut ys: Vec<Vec<f32>> = shares.iter().map(|p| vec![f32::NAN; m * p.shape.oc]).collect();
+                    let mut yn = vec![f32::NAN; m * next.shape.oc];
+                    let mut later: Vec<LaterOp> = shares
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .map(|(p, y)| LaterOp {
+                            k: p.shape.k as i32,
+                            next: 0,
+                            oc: p.shape.oc as i64,
+                            code: p.code.as_ptr(),
+                            rin: f16_ptr(&p.rin),
+                            rout: f16_ptr(&p.rout),
+                            s_in: opt(p.s_in.as_deref()),
+                            s_out: opt(p.s_out.as_deref()),
+                            bias: opt(p.bias.as_deref()),
+                            y: y.as_mut_ptr(),
+                        })
+                        .collect();
+                    later.push(LaterOp {
+                        k: next.shape.k as i32,
+                        next: 1,
+                        oc: next.shape.oc as i64,
+                        code: next.code.as_ptr(),
+                        rin: f16_ptr(&next.rin),
+                        rout: f16_ptr(&next.rout),
+                        s_in: opt(next.s_in.as_deref()),
+                        s_out: opt(next.s_out.as_deref()),
+                        bias: opt(next.bias.as_deref()),
+                        y: yn.as_mut_ptr(),
+                    });
+                    let (mut y, mut y_plain) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
+                    let code1 = if pair { up.code.as_ptr() } else { std::ptr::null() };
+                    let addp = if add { r.as_ptr() } else { std::ptr::null() };
+                    let (rc, rc_plain) = unsafe {
+                        let run = |y: &mut [f32], later: &[LaterOp]| {
+                            (self.linear_ahead)(
+                                k as i32, ic as i64, oc as i64, first.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&first.rin),
+                                f16_ptr(&first.rout), opt(first.s_in.as_deref()), opt(first.s_out.as_deref()),
+                                opt(first.bias.as_deref()), k as i32, code1, f16_ptr(&up.rin), f16_ptr(&up.rout),
+                                opt(up.s_in.as_deref()), opt(up.s_out.as_deref()), opt(up.bias.as_deref()), addp, silu_mul,
+                                y.as_mut_ptr(), path, ksplit, later.as_ptr(), later.len() as i32,
+                            )
+                        };
+                        (run(&mut y, &later), run(&mut y_plain, &[]))
+                    };
+                    assert_eq!(rc, 0, "{what}: rejected");
+                    assert_eq!(rc_plain, 0, "{what}: rejected without later ops");
+                    for i in 0..m * oc {
+                        assert_eq!(y[i].to_bits(), y_plain[i].to_bits(), "{what}: first op output {i} changed by the later ops");
+                    }
+                    for (j, p) in shares.iter().enumerate() {
+                        let want = self.dense_alone(&format!("{what} share {j}"), p, &x, m, path, ksplit);
+                        for i in 0..want.len() {
+                            assert_eq!(ys[j][i].to_bits(), want[i].to_bits(), "{what}: share {j} output {i}: {} against {}", ys[j][i], want[i]);
+                        }
+                    }
+                    let want = self.dense_alone(&format!("{what} next"), &next, &y, m, path, ksplit);
+                    for i in 0..want.len() {
+                        assert_eq!(yn[i].to_bits(), want[i].to_bits(), "{what}: next op output {i}: {} against {}", yn[i], want[i]);
+                    }
+                    n += 1;
+                }
+            }
+        }
+        eprintln!("{} input transforms run ahead: {n} cases, every later op bit for bit its run alone", self.name);
     }
 
     fn run_moe(&self, d: &MoeData, x: &[f32], r: &Route, grouped: bool, path: i32, ksplit: i32) -> Vec<f32> {
