@@ -73,6 +73,10 @@
 #   escha-fusion  the same with escha's graph fusion (a gate and up pair
 #            with their SWIGLU, an op with its residual ADD) and with
 #            GGML_ESCHA_GRAPH_FUSION=0
+#   ahead    dense escha pp4 / tg128 with later ops' input transforms run
+#            ahead, without (GGML_ESCHA_AHEAD=0), without escha's graph
+#            fusion, and Q4_K_M, three alternating rounds; ncu counts of
+#            input transform launches with and without
 #   fusion   the same with upstream's CUDA fusions and with
 #            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
@@ -538,6 +542,34 @@ for step in "$@"; do
         # slots' kernel): as shipped ("on", three launches) and with
         # GGML_ESCHA_FUSED_DENSE=1 ("off" in the logs' names).
         bench_on_off fused-dense GGML_ESCHA_FUSED_DENSE=1 ;;
+    ahead)
+        # Input transforms run ahead (escha.cu's escha_plan_ahead): tg128 and
+        # one verify window (pp4) of the dense escha model in alternating
+        # rounds: as shipped, without them (GGML_ESCHA_AHEAD=0), without any
+        # escha graph fusion (GGML_ESCHA_GRAPH_FUSION=0), and Q4_K_M when
+        # written (q4km); then the input transform launches of one token
+        # with and without them (ncu, CUDA graphs off).
+        f=$M/dense-escha.gguf
+        [ -f "$f" ] || die "ahead: no $f (gen)"
+        for round in 1 2 3; do
+            for v in shipped GGML_ESCHA_AHEAD=0 GGML_ESCHA_GRAPH_FUSION=0 q4km; do
+                g=$f; e=()
+                case $v in q4km) g=$M/dense-q4km.gguf; [ -f "$g" ] || continue ;; shipped) ;; *) e=("$v") ;; esac
+                env "${e[@]}" $B/llama-bench -m "$g" -ngl 99 -p 4 -n 128 -r 5 -o md > "$out/ahead-$round-$v.md" 2>&1 \
+                    || die "ahead: llama-bench $v failed ($out/ahead-$round-$v.md)"
+                echo "== round $round, $v"
+                grep -E "pp4|tg128" "$out/ahead-$round-$v.md"
+            done
+        done
+        if command -v ncu > /dev/null; then
+            for v in shipped GGML_ESCHA_AHEAD=0; do
+                e=(); [ $v = shipped ] || e=("$v")
+                env "${e[@]}" GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                    --kernel-name regex:escha_xh_kernel $B/llama-bench -m "$f" -ngl 99 -p 0 -n 1 -r 1 > "$out/ahead-xh-$v.csv" \
+                    2> "$out/ahead-xh-$v.log" || die "ahead: ncu $v failed ($out/ahead-xh-$v.log)"
+                echo "$v: $(grep -c '"gpu__time_duration.sum"' "$out/ahead-xh-$v.csv") input transform launches in 2 tokens"
+            done
+        fi ;;
     escha-fusion)
         # escha's own graph fusion (ggml_cuda_escha_try_fuse: a gate and up
         # op pair with their SWIGLU, an op with its residual ADD, each as one
