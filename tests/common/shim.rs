@@ -294,6 +294,23 @@ pub struct LaterOp {
     pub bias: *const f32,
     pub y: *mut f32,
 }
+
+/// Op p as a later op writing its outputs to y; next: its x is the first
+/// op's output.
+fn later_op(p: &Problem, next: bool, y: &mut [f32]) -> LaterOp {
+    LaterOp {
+        k: p.shape.k as i32,
+        next: next as i32,
+        oc: p.shape.oc as i64,
+        code: p.code.as_ptr(),
+        rin: f16_ptr(&p.rin),
+        rout: f16_ptr(&p.rout),
+        s_in: opt(p.s_in.as_deref()),
+        s_out: opt(p.s_out.as_deref()),
+        bias: opt(p.bias.as_deref()),
+        y: y.as_mut_ptr(),
+    }
+}
 pub type LinearAheadFn = unsafe extern "C" fn(
     k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
     s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
@@ -585,34 +602,8 @@ impl CudaShim {
                     let shares: Vec<&Problem> = if pair { vec![&share_a] } else { vec![&share_a, &share_b] };
                     let mut ys: Vec<Vec<f32>> = shares.iter().map(|p| vec![f32::NAN; m * p.shape.oc]).collect();
                     let mut yn = vec![f32::NAN; m * next.shape.oc];
-                    let mut later: Vec<LaterOp> = shares
-                        .iter()
-                        .zip(ys.iter_mut())
-                        .map(|(p, y)| LaterOp {
-                            k: p.shape.k as i32,
-                            next: 0,
-                            oc: p.shape.oc as i64,
-                            code: p.code.as_ptr(),
-                            rin: f16_ptr(&p.rin),
-                            rout: f16_ptr(&p.rout),
-                            s_in: opt(p.s_in.as_deref()),
-                            s_out: opt(p.s_out.as_deref()),
-                            bias: opt(p.bias.as_deref()),
-                            y: y.as_mut_ptr(),
-                        })
-                        .collect();
-                    later.push(LaterOp {
-                        k: next.shape.k as i32,
-                        next: 1,
-                        oc: next.shape.oc as i64,
-                        code: next.code.as_ptr(),
-                        rin: f16_ptr(&next.rin),
-                        rout: f16_ptr(&next.rout),
-                        s_in: opt(next.s_in.as_deref()),
-                        s_out: opt(next.s_out.as_deref()),
-                        bias: opt(next.bias.as_deref()),
-                        y: yn.as_mut_ptr(),
-                    });
+                    let mut later: Vec<LaterOp> = shares.iter().zip(ys.iter_mut()).map(|(p, y)| later_op(p, false, y)).collect();
+                    later.push(later_op(&next, true, &mut yn));
                     let (mut y, mut y_plain) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
                     let code1 = if pair { up.code.as_ptr() } else { std::ptr::null() };
                     let addp = if add { r.as_ptr() } else { std::ptr::null() };
