@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, LinearFusedFn, MoeFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
@@ -24,13 +24,6 @@ extern "C" {
     fn escha_cuda_shim_linear(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
         s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32, ksplit: i32,
-    ) -> i32;
-    fn escha_cuda_shim_linear_fused(
-        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
-        s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
-        rout1: *const u16,
-        s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
-        path: i32, ksplit: i32,
     ) -> i32;
     fn escha_cuda_shim_linear_ahead(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
@@ -54,7 +47,6 @@ const CUDA: CudaShim = CudaShim {
     xh: escha_cuda_shim_xh as XhFn,
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
-        linear_fused: escha_cuda_shim_linear_fused as LinearFusedFn,
         linear_ahead: escha_cuda_shim_linear_ahead as LinearAheadFn,
     moe: escha_cuda_shim_moe as MoeFn,
     simt_only: false,

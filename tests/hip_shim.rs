@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, LinearFusedFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
 use escha_ggml::testutil::RandomLinear as Problem;
 
 extern "C" {
@@ -24,13 +24,6 @@ extern "C" {
     fn escha_hip_shim_linear(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
         s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32, ksplit: i32,
-    ) -> i32;
-    fn escha_hip_shim_linear_fused(
-        k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
-        s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
-        rout1: *const u16,
-        s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
-        path: i32, ksplit: i32,
     ) -> i32;
     fn escha_hip_shim_linear_ahead(
         k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
@@ -58,7 +51,6 @@ fn hip(lanes: i32) -> CudaShim {
         xh: escha_hip_shim_xh as XhFn,
         out: escha_hip_shim_out as OutFn,
         linear: escha_hip_shim_linear as LinearFn,
-        linear_fused: escha_hip_shim_linear_fused as LinearFusedFn,
         linear_ahead: escha_hip_shim_linear_ahead as LinearAheadFn,
         moe: escha_hip_shim_moe as MoeFn,
         simt_only: true,

@@ -338,7 +338,7 @@ bool shape_ok(int k, int64_t ic, int64_t oc) {
 
 } // namespace
 
-// A later op for linear_ahead (tests/cuda_shim.rs's LaterOp): K k, oc
+// A later op for linear_ahead (tests/common/shim.rs's LaterOp): K k, oc
 // outputs, its code and vectors (f16 bits, f32); next: its x is the first
 // op's output (its IC the first op's OC), else the first op's own x; y:
 // its outputs.
@@ -556,20 +556,11 @@ int ESCHA_SHIM_FN(linear_ahead)(int k, int64_t ic, int64_t oc, const int16_t * c
     return rc;
 }
 
-int ESCHA_SHIM_FN(linear_fused)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
-                                 const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
-                                 const float * bias, int k1, const int16_t * code1, const uint16_t * rin1, const uint16_t * rout1,
-                                 const float * s_in1, const float * s_out1, const float * bias1, const float * add, int silu_mul,
-                                 float * y, int path, int ksplit) {
-    return ESCHA_SHIM_FN(linear_ahead)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, k1, code1, rin1, rout1, s_in1, s_out1,
-                                       bias1, add, silu_mul, y, path, ksplit, nullptr, 0);
-}
-
 int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t m,
                            const uint16_t * rin, const uint16_t * rout, const float * s_in, const float * s_out,
                            const float * bias, float * y, int path, int ksplit) {
-    return ESCHA_SHIM_FN(linear_fused)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, 0, nullptr, nullptr, nullptr, nullptr,
-                                       nullptr, nullptr, nullptr, 0, y, path, ksplit);
+    return ESCHA_SHIM_FN(linear_ahead)(k, ic, oc, code, x, m, rin, rout, s_in, s_out, bias, 0, nullptr, nullptr, nullptr, nullptr,
+                                       nullptr, nullptr, nullptr, 0, y, path, ksplit, nullptr, 0);
 }
 
 // One MoE op: x[n_tokens][nx][ic], ids[n_tokens][ids_stride] (first n_used

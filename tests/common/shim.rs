@@ -272,13 +272,6 @@ pub type LinearFn = unsafe extern "C" fn(
     k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
     s_in: *const f32, s_out: *const f32, bias: *const f32, y: *mut f32, path: i32, ksplit: i32,
 ) -> i32;
-pub type LinearFusedFn = unsafe extern "C" fn(
-    k: i32, ic: i64, oc: i64, code: *const i16, x: *const f32, m: i64, rin: *const u16, rout: *const u16,
-    s_in: *const f32, s_out: *const f32, bias: *const f32, k1: i32, code1: *const i16, rin1: *const u16,
-        rout1: *const u16,
-    s_in1: *const f32, s_out1: *const f32, bias1: *const f32, add: *const f32, silu_mul: i32, y: *mut f32,
-        path: i32, ksplit: i32,
-) -> i32;
 /// A later op of `LinearAheadFn` (hip/shim/cuda-executor.cpp's
 /// escha_shim_later): next = 1 when its x is the first op's output.
 #[repr(C)]
@@ -353,7 +346,6 @@ pub struct CudaShim {
     pub xh: XhFn,
     pub out: OutFn,
     pub linear: LinearFn,
-    pub linear_fused: LinearFusedFn,
     pub linear_ahead: LinearAheadFn,
     pub moe: MoeFn,
     pub simt_only: bool,
@@ -545,11 +537,11 @@ impl CudaShim {
                     let r = Rng::new(950 + m as u64).f32s(m * oc, -2.0, 2.0);
                     let (mut glu, mut sum, mut prod) = (vec![f32::NAN; m * oc], vec![f32::NAN; m * oc], vec![f32::NAN; m * oc]);
                     let run = |code1: *const i16, p1: &Problem, add: *const f32, silu_mul: i32, y: &mut [f32]| unsafe {
-                        (self.linear_fused)(
+                        (self.linear_ahead)(
                             k as i32, ic as i64, oc as i64, gate.code.as_ptr(), x.as_ptr(), m as i64, f16_ptr(&gate.rin),
                             f16_ptr(&gate.rout), opt(gate.s_in.as_deref()), opt(gate.s_out.as_deref()), opt(gate.bias.as_deref()),
                             k1 as i32, code1, f16_ptr(&p1.rin), f16_ptr(&p1.rout), opt(p1.s_in.as_deref()), opt(p1.s_out.as_deref()),
-                            opt(p1.bias.as_deref()), add, silu_mul, y.as_mut_ptr(), path, ksplit,
+                            opt(p1.bias.as_deref()), add, silu_mul, y.as_mut_ptr(), path, ksplit, std::ptr::null(), 0,
                         )
                     };
                     assert_eq!(run(up.code.as_ptr(), &up, std::ptr::null(), 0, &mut glu), 0, "{what}: SWIGLU pair rejected");
