@@ -139,3 +139,58 @@ fn fused_decode_of_every_product_is_exact() {
         }
     }
 }
+
+/// The outputs of `rows` rows of random inputs through
+/// `Kernel::run_blocks_in` in `passes` passes of rows.
+fn run_in_passes(kernel: &Kernel, shape: LinearShape, code: &[i16], rows: usize, passes: usize) -> Vec<f32> {
+    let (ic, oc) = (shape.ic, shape.oc);
+    let xh = Rng::new(91).f32s(rows * ic, 0.0, 1.0);
+    let rout_eff = vec![0.02f32; oc];
+    let all: Vec<usize> = (0..rows).collect();
+    let mut scratch = vec![0f32; scratch_floats(rows)];
+    let mut y = vec![f32::NAN; rows * oc];
+    let job = BlockJob { k: shape.k, ic, oc, code, xh: &xh, n_xrows: rows, rows: &all, block: 0, tiles: ALL_TILES };
+    kernel.run_blocks_in(job, 0..oc / BLOCK_COLS, &rout_eff, None, &mut scratch, passes, |row, c0, v| {
+        y[row * oc + c0..][..v.len()].copy_from_slice(v)
+    });
+    y
+}
+
+/// Rows in passes over the blocks (large batches, `row_passes`) give every
+/// output the bits of one pass, on every path this machine runs.
+#[test]
+fn row_passes_give_the_same_bits() {
+    for isa in Isa::all_available() {
+        let kernel = Kernel::with_isa(isa).unwrap();
+        for (shape, code, _) in cases() {
+            let rows = 37;
+            let one = run_in_passes(&kernel, shape, &code, rows, 1);
+            assert!(one.iter().all(|v| v.is_finite()), "{}: an output left unwritten", isa.name());
+            for passes in [2, 3, 7] {
+                let got = run_in_passes(&kernel, shape, &code, rows, passes);
+                let bad = got.iter().zip(&one).position(|(g, w)| g.to_bits() != w.to_bits());
+                if let Some(i) = bad {
+                    panic!("{}: K={} {}x{} in {passes} passes: output {i} is {:e}, one pass gives {:e}", isa.name(), shape.k, shape.ic, shape.oc, got[i], one[i]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_passes_stay_within_the_budget_and_above_the_gemv() {
+    use super::dispatch::row_passes;
+    let mb4 = 4 << 20;
+    // One pass where the input fits the budget, or with no budget.
+    assert_eq!(row_passes(512, 512, 4, mb4), 1);
+    assert_eq!(row_passes(512, 17408, 4, 0), 1);
+    for (m, ic) in [(512, 17408), (512, 5120), (64, 17408), (4096, 2048), (11, 17408)] {
+        let n = row_passes(m, ic, 4, mb4);
+        for p in 0..n {
+            let rows = crate::cpu::job::split(m, p, n).len();
+            assert!(rows > 4, "{m} rows of {ic} in {n} passes: a pass of {rows} rows would take the GEMV");
+            assert!(rows * ic * 4 <= mb4 || rows <= 10, "{m} rows of {ic} in {n} passes: a pass of {rows} rows over the budget");
+        }
+    }
+    assert_eq!(row_passes(512, 17408, 4, mb4), 9);
+}
