@@ -193,4 +193,6 @@ fn row_passes_stay_within_the_budget_and_above_the_gemv() {
         }
     }
     assert_eq!(row_passes(512, 17408, 4, mb4), 9);
+    // A budget below one row (ESCHA_CPU_PASS_KB=1): passes of a few rows, never fewer than the batched product takes.
+    assert_eq!(row_passes(512, 17408, 4, 1024), 512 / 10 + 1);
 }
