@@ -3,7 +3,7 @@
 //! only after checking that the CPU has it.
 
 use super::batch;
-use super::job::{split, BlockJob, ALL_TILES, BLOCK_COLS, BLOCK_TILES};
+use super::job::{BlockJob, ALL_TILES, BLOCK_COLS, BLOCK_TILES};
 use super::scalar;
 use crate::transform::output_transform;
 use half::slice::HalfFloatSliceExt;
@@ -186,9 +186,7 @@ impl Kernel {
 
     /// Phase 2 for output blocks `blocks`: for each, the product and the
     /// output transform of every row in `rows`; `write(row, col0, vals)`
-    /// receives the 128 finished f16-valued outputs of one row. Large
-    /// batches run in passes of rows ([`row_passes`]), each over every
-    /// block; a row's outputs are the same bits either way.
+    /// receives the 128 finished f16-valued outputs of one row.
     pub(crate) fn run_blocks(
         &self,
         job: BlockJob,
@@ -196,69 +194,22 @@ impl Kernel {
         rout_eff: &[f32],
         bias: Option<&[f32]>,
         scratch: &mut [f32],
-        write: impl FnMut(usize, usize, &[f32]),
-    ) {
-        let passes = row_passes(job.rows.len(), job.ic, self.gemv_rows(), pass_bytes());
-        self.run_blocks_in(job, blocks, rout_eff, bias, scratch, passes, write);
-    }
-
-    /// [`Self::run_blocks`] in `passes` passes of rows.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_blocks_in(
-        &self,
-        job: BlockJob,
-        blocks: Range<usize>,
-        rout_eff: &[f32],
-        bias: Option<&[f32]>,
-        scratch: &mut [f32],
-        passes: usize,
         mut write: impl FnMut(usize, usize, &[f32]),
     ) {
         let m = job.rows.len();
+        let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
         let mut out = [0f32; BLOCK_COLS];
-        for pass in 0..passes {
-            let rows = &job.rows[split(m, pass, passes)];
-            let (mid, rest) = scratch.split_at_mut(rows.len() * BLOCK_COLS);
-            for block in blocks.clone() {
-                let c0 = block * BLOCK_COLS;
-                let cols = c0..c0 + BLOCK_COLS;
-                let (rout_blk, bias_blk) = (&rout_eff[cols.clone()], bias.map(|b| &b[cols]));
-                self.block_mid(&BlockJob { block, rows, ..job }, mid, rest);
-                for (i, &row) in rows.iter().enumerate() {
-                    finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], rout_blk, bias_blk, &mut out);
-                    write(row, c0, &out);
-                }
+        for block in blocks {
+            let c0 = block * BLOCK_COLS;
+            let cols = c0..c0 + BLOCK_COLS;
+            let (rout_blk, bias_blk) = (&rout_eff[cols.clone()], bias.map(|b| &b[cols]));
+            self.block_mid(&BlockJob { block, ..job }, mid, rest);
+            for (i, &row) in job.rows.iter().enumerate() {
+                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], rout_blk, bias_blk, &mut out);
+                write(row, c0, &out);
             }
         }
     }
-}
-
-/// Bytes of transformed input one pass over a thread's output blocks
-/// streams per block at most ([`row_passes`]): `ESCHA_CPU_PASS_KB` (KiB; 0:
-/// one pass always), for measuring, or [`PASS_BYTES`]; read once.
-fn pass_bytes() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("ESCHA_CPU_PASS_KB").ok().and_then(|s| s.parse::<usize>().ok()).map_or(PASS_BYTES, |kb| kb * 1024))
-}
-
-/// See [`row_passes`].
-pub(crate) const PASS_BYTES: usize = 4 << 20;
-
-/// How many passes of rows `run_blocks` makes over its blocks for `m` rows
-/// of `ic` inputs: each block reads its rows' whole transformed input (`m *
-/// ic` floats), so one pass at 512 rows of 17408 -> 5120 streams 35 MB a
-/// block from memory, where passes of at most `budget` bytes find it in the
-/// cache again for the next block, at the price of decoding each tile once
-/// a pass. A pass keeps more rows than the GEMV takes (`gemv_rows`), so
-/// every row runs the batched product, whose sums are per row: the same
-/// bits whatever the passes. `budget` 0: one pass.
-pub(crate) fn row_passes(m: usize, ic: usize, gemv_rows: usize, budget: usize) -> usize {
-    let bytes = m * ic * std::mem::size_of::<f32>();
-    if budget == 0 || bytes <= budget || m <= gemv_rows {
-        return 1;
-    }
-    let rows = (budget / (ic * std::mem::size_of::<f32>())).max(2 * (gemv_rows + 1));
-    m.div_ceil(rows).min(m / (gemv_rows + 1)).max(1)
 }
 
 /// The output transform (+ bias) of one row's `mid` of one output block
