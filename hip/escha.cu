@@ -374,6 +374,7 @@ static escha_ahead_slot * escha_ahead_find(escha_ahead_state & st, const ggml_te
 // a capture).
 static escha_ahead_slot * escha_ahead_claim(escha_ahead_state & st, const ggml_tensor * node, const size_t n_xh, const size_t n_mid,
                                             cudaStream_t stream) {
+    static std::mutex outgrown_lock; // the states of several devices and streams share it
     static std::vector<void *> outgrown; // kept, never freed (above)
     escha_ahead_slot * grow = nullptr;
     for (escha_ahead_slot & s : st.slot) {
@@ -393,6 +394,7 @@ static escha_ahead_slot * escha_ahead_claim(escha_ahead_state & st, const ggml_t
         return nullptr;
     }
     if (grow->xh != nullptr) {
+        std::lock_guard<std::mutex> guard(outgrown_lock);
         outgrown.push_back(grow->xh);
         outgrown.push_back(grow->mid);
     }
