@@ -84,6 +84,12 @@
 #   early    the same with dense ops' early loads and with GGML_ESCHA_EARLY=0
 #   batched  llama-batched-bench at 1, 4, 16, 32, 64 sequences (BATCHED_NPL),
 #            every model present (device-build.sh llama-batched-bench)
+#   cpu      this machine's CPU (an Intel Xeon with AVX-512 FP16 on the
+#            H200 machines): its model and AVX-512 flags, then
+#            examples/ops-threads.sh on this build, batch 1, 1 and 2
+#            threads, escha's avx512fp16, avx512vbmi and avx2 paths against
+#            Q4_K, Q2_K and IQ2_XXS (the CPU-speed issue's batch-1 goal on
+#            FP16 machines; OPS_ROWS="1|512" adds batch 512)
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
 # models: each call to a GPU machine starts from a fresh tree and may run 10
 # minutes, and build + one model's twins + bench fit one call:
@@ -591,6 +597,12 @@ for step in "$@"; do
         # vectors) before the wait for the kernel before them: with them and
         # with GGML_ESCHA_EARLY=0.
         bench_on_off early GGML_ESCHA_EARLY=0 ;;
+    cpu)
+        grep -m1 'model name' /proc/cpuinfo
+        grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx)' | tr '\n' ' '
+        echo
+        OPS_BIN=$B OPS_ROWS=${OPS_ROWS:-1} OPS_ISAS=${OPS_ISAS:-avx512fp16 avx512vbmi avx2} OPS_ROUNDS=${OPS_ROUNDS:-2} \
+            bash examples/ops-threads.sh 2>&1 | sed 's/,per=.*pad=0)/)/' | tee "$out/cpu.log" ;;
     batched)
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"
