@@ -37,15 +37,20 @@ has_isa() {
         *) echo "OPS_ISAS: unknown path $1 (best, scalar, avx2, avx512, avx512vbmi, avx512fp16)" >&2; exit 2 ;;
     esac
 }
+isas=()
+for isa in ${OPS_ISAS:-best}; do
+    if has_isa "$isa"; then
+        isas+=("$isa")
+    else
+        echo "== escha path $isa: this CPU lacks it, skipped"
+    fi
+done
 quants="^type_a=(q4_K|q2_K|iq2_xxs),type_b=f32,m=(17408|5120),n=($rows),k=(5120|17408),bs=\[1,1\],nr=\[1,1\]"
+# test-backend-ops on $t threads (the loop's), only its timing lines.
+run() { ESCHA_FAKE_NPROCS=$((2 * t)) LD_PRELOAD="$tmp/nprocs.so" LD_LIBRARY_PATH="$bin" "$bin/test-backend-ops" perf -b CPU "$@" | grep 'us/run'; }
 for r in $(seq "${OPS_ROUNDS:-2}"); do
     for t in ${OPS_THREADS:-1 2}; do
-        run() { ESCHA_FAKE_NPROCS=$((2 * t)) LD_PRELOAD="$tmp/nprocs.so" LD_LIBRARY_PATH="$bin" "$bin/test-backend-ops" perf -b CPU "$@" | grep 'us/run'; }
-        for isa in ${OPS_ISAS:-best}; do
-            if ! has_isa "$isa"; then
-                echo "== escha path $isa: this CPU lacks it, skipped"
-                continue
-            fi
+        for isa in "${isas[@]}"; do
             echo "== round $r, $t thread(s), escha path $isa"
             if [ "$isa" = best ]; then
                 run -o ESCHA_LINEAR -p "m=($rows),"
