@@ -463,11 +463,22 @@ for step in "$@"; do
         # tokens (pp2-pp5), and greedy llama-cli generation without and with
         # --spec-type draft-mtp (t/s, acceptance, mean accepted length).
         # Needs llama-cli (bash hip/device-build.sh llama-cli); MTP_WEIGHTS
-        # (default "escha q4km"; escha-coded: the head's projections coded)
-        # picks the models.
+        # (default "escha q4km"; escha-coded: the head's projections coded;
+        # escha-q4rest: every matrix escha does not code, the head's
+        # included, in the Q4_K_M twin's types) picks the models.
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
-        [[ " $MTP_WEIGHTS " == *" q4km "* ]] && quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
+        if [[ " $MTP_WEIGHTS " == *" q4km "* || " $MTP_WEIGHTS " == *" escha-q4rest "* ]]; then
+            quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
+        fi
+        # Like with like: escha's coded matrices, every other one (the head's
+        # too, which escha does not code) in the types of the Q4_K_M twin.
+        if [[ " $MTP_WEIGHTS " == *" escha-q4rest "* && ! -f "$(mtp_model escha-q4rest)" ]]; then
+            python3 hip/synthetic-qwen35.py --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree \
+                --like "$M/small-$(basename "$(mtp_model q4km)" .gguf)-q.gguf" -o "$(mtp_model escha-q4rest).tmp" \
+                > "$out/mtp-gen-escha-q4rest.log" 2>&1 && mv "$(mtp_model escha-q4rest).tmp" "$(mtp_model escha-q4rest)" \
+                || die "mtp: writing the escha-q4rest model failed ($out/mtp-gen-escha-q4rest.log)"
+        fi
         echo "mtp: models written at ${SECONDS} s"
         for m in $MTP_WEIGHTS; do
             $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \

@@ -448,9 +448,11 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         g.tensor(stem + ".escha_s_out", [oc] + e, F32, const_f32(1.0))
 
     def head_matrix(name, ne):
-        """An MTP-head matrix: F16 in both models (a --like twin: the
-        reference's type, as llama-quantize gives the head)."""
-        if weights == "like":
+        """An MTP-head matrix: F16 in both models, as the export ships it
+        (with `like`: the reference's type, as llama-quantize gives the head;
+        for an escha model that is like with like, the head not being
+        coded)."""
+        if like:
             like_matrix(name, ne)
             return
         g.tensor(name, ne, F16, lambda out, n: pool.stream(pool.tame if agree or weights == "escha" else pool.f16, n, out))
@@ -565,7 +567,7 @@ def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_
         head_linear(b + "ffn_up", H, m["n_ff"], 3)
         head_linear(b + "ffn_down", m["n_ff"], H, 3)
         if agree:
-            t = ref_type(b + "nextn.eh_proj.weight") if weights == "like" else F16
+            t = ref_type(b + "nextn.eh_proj.weight") if like else F16
             blk = None if t == F16 else constant_block(t, 16.0)
             if t == F16:
                 g.tensor(b + "nextn.eh_proj.weight", [2 * H, H], F16, const_f16(f16_bits(16.0)))
