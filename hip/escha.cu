@@ -359,10 +359,11 @@ static bool escha_ahead_on(ggml_backend_cuda_context & ctx) {
     return !off && ctx.stream_context().concurrent_events.empty();
 }
 
-// The slot holding node's xh and mid, or nullptr.
+// The slot holding node's xh and mid, or nullptr (node is never nullptr,
+// which marks a free slot).
 static escha_ahead_slot * escha_ahead_find(escha_ahead_state & st, const ggml_tensor * node) {
     for (escha_ahead_slot & s : st.slot) {
-        if (s.node != nullptr && s.node == node) {
+        if (s.node == node) {
             return &s;
         }
     }
@@ -494,15 +495,21 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     // for measuring.
     static const bool early_allowed = !escha_env_off("GGML_ESCHA_EARLY");
     bool early = early_allowed && !op.moe;
-    for (const escha_op * o : { &op, fu.second, share[0], share[1], share[2], next_slot ? &fu.next : nullptr }) {
+    auto weights_only = [&early](const escha_op * o) {
         if (o == nullptr) {
-            continue;
+            return;
         }
         early = early && escha_is_weight(o->code);
         for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
             early = early && escha_is_weight(o->vec[i].t);
         }
+    };
+    weights_only(&op);
+    weights_only(fu.second);
+    for (int j = 0; j < n_share; j++) {
+        weights_only(share[j]);
     }
+    weights_only(next_slot ? &fu.next : nullptr);
 
     // A pair's second op has its xh and mid after the first's.
     const int64_t ops = pair ? 2 : 1;
