@@ -33,6 +33,7 @@
 #   mtp      the dense 27B shape with an always-agreeing MTP head, escha
 #            and Q4_K_M: tg128, pp2-pp5 (verify windows) and llama-cli
 #            greedy generation with and without --spec-type draft-mtp
+#            (MTP_WEIGHTS: escha, escha-coded, escha-q4rest, q4km)
 #   mtp-gen  the mtp step's models alone (no build needed: run it while
 #            building, DENSE_LAYERS as for mtp)
 #   ops      whole ops of the 27B's shapes at one row, their three kernels
