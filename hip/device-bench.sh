@@ -153,6 +153,8 @@ offload() {
     if [ "$expect" = pass ] && [ $bad = 1 ]; then die "offload: escha logits differ from the decoded twin"; fi
     if [ "$expect" = fail ] && [ $bad = 0 ]; then die "offload: the broken decode matched the twin"; fi
 }
+# The path stem of quantized_twin's small models for its twin $1.
+twin_small() { echo "$M/small-$(basename "$1" .gguf)"; }
 # A twin in llama.cpp's own quantization, without its full-size f16 file
 # (54 GB for the whole dense 27B): llama-quantize makes the twin of a model
 # whose widths are divided by $shrink (every width still a multiple of 256,
@@ -167,7 +169,7 @@ quantized_twin() {
     shift 4
     [ -f "$dst" ] && return 0
     case $model in dense27b) shrink=4 ;; moe35b) shrink=2 ;; esac   # the MoE experts' 512 allow only 2
-    small=$M/small-$(basename "$dst" .gguf)
+    small=$(twin_small "$dst")
     log=$out/twin-$(basename "$dst" .gguf).log
     python3 $S --model $model --layers "$layers" --shrink $shrink --weights f16 "$@" -o "$small-f16.gguf" \
         --imatrix "$small.imatrix" > "$log" 2>&1 || die "$dst: writing the small f16 twin failed ($log)"
@@ -177,6 +179,18 @@ quantized_twin() {
     python3 $S --model $model --layers "$layers" --weights like --like "$small-q.gguf" "$@" -o "$dst.tmp" >> "$log" 2>&1 \
         || die "$dst: writing the twin like $small-q.gguf failed ($log)"
     rm -f "$small-f16.gguf" "$small.imatrix"
+    mv "$dst.tmp" "$dst"
+}
+# Like with like: an escha model whose every matrix escha does not code is
+# in the type quantized_twin's small model of TWIN gives it. Usage:
+# escha_like TWIN OUT synthetic-qwen35.py options (model, layers, ...).
+escha_like() {
+    local twin=$1 dst=$2 log
+    shift 2
+    [ -f "$dst" ] && return 0
+    log=$out/gen-$(basename "$dst" .gguf).log
+    python3 hip/synthetic-qwen35.py "$@" --weights escha --like "$(twin_small "$twin")-q.gguf" \
+        -o "$dst.tmp" > "$log" 2>&1 || die "$dst: writing the like-with-like model failed ($log)"
     mv "$dst.tmp" "$dst"
 }
 # The mtp step's escha models (no build needed: run it while building):
@@ -472,13 +486,9 @@ for step in "$@"; do
         if [[ " $MTP_WEIGHTS " == *" q4km "* || " $MTP_WEIGHTS " == *" escha-q4rest "* ]]; then
             quantized_twin dense27b "$DENSE_LAYERS" Q4_K_M "$(mtp_model q4km)" --mtp --agree
         fi
-        # Like with like: escha's coded matrices, every other one (the head's
-        # too, which escha does not code) in the types of the Q4_K_M twin.
-        if [[ " $MTP_WEIGHTS " == *" escha-q4rest "* && ! -f "$(mtp_model escha-q4rest)" ]]; then
-            python3 hip/synthetic-qwen35.py --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree \
-                --like "$M/small-$(basename "$(mtp_model q4km)" .gguf)-q.gguf" -o "$(mtp_model escha-q4rest).tmp" \
-                > "$out/mtp-gen-escha-q4rest.log" 2>&1 && mv "$(mtp_model escha-q4rest).tmp" "$(mtp_model escha-q4rest)" \
-                || die "mtp: writing the escha-q4rest model failed ($out/mtp-gen-escha-q4rest.log)"
+        # Like with like: the head's matrices too, which escha does not code.
+        if [[ " $MTP_WEIGHTS " == *" escha-q4rest "* ]]; then
+            escha_like "$(mtp_model q4km)" "$(mtp_model escha-q4rest)" --model dense27b --layers "$DENSE_LAYERS" --mtp --agree
         fi
         echo "mtp: models written at ${SECONDS} s"
         for m in $MTP_WEIGHTS; do
@@ -512,14 +522,8 @@ for step in "$@"; do
         # embedding, the small DeltaNet and router matrices) in Q4_K_M's
         # types; the escha models keep them Q8_0, as the exports do.
         if [ $step = q4km ]; then
-            for m in dense moe; do
-                has $m && [ ! -f $M/$m-escha-q4rest.gguf ] || continue
-                [ $m = dense ] && args=(--model dense27b --layers "$DENSE_LAYERS") || args=(--model moe35b --layers "$MOE_LAYERS")
-                python3 hip/synthetic-qwen35.py "${args[@]}" --weights escha --like $M/small-$m-q4km-q.gguf \
-                    -o $M/$m-escha-q4rest.gguf.tmp > "$out/gen-$m-escha-q4rest.log" 2>&1 \
-                    && mv $M/$m-escha-q4rest.gguf.tmp $M/$m-escha-q4rest.gguf \
-                    || die "$m-escha-q4rest: writing the like-with-like model failed ($out/gen-$m-escha-q4rest.log)"
-            done
+            has dense && escha_like $M/dense-q4km.gguf $M/dense-escha-q4rest.gguf --model dense27b --layers "$DENSE_LAYERS"
+            has moe && escha_like $M/moe-q4km.gguf $M/moe-escha-q4rest.gguf --model moe35b --layers "$MOE_LAYERS"
         fi
         ls -la $M/ ;;
     bench)
