@@ -34,7 +34,7 @@
 #            and Q4_K_M: tg128, pp2-pp5 (verify windows) and llama-cli
 #            greedy generation with and without --spec-type draft-mtp
 #            (MTP_WEIGHTS: escha, escha-coded, escha-q4rest, q4km)
-#   mtp-gen  the mtp step's models alone (no build needed: run it while
+#   mtp-gen  the mtp step's escha and escha-coded models (no build: run it while
 #            building, DENSE_LAYERS as for mtp)
 #   ops      whole ops of the 27B's shapes at one row, their three kernels
 #            launched as escha.cu launches them (dependent launches) and their
