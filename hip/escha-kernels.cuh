@@ -798,7 +798,9 @@ static __device__ __forceinline__ void escha_add_mma(uint32_t d[2], const uint32
         escha_shim_mma_m16n8k16_f16(d, a, sel.b0, sel.b1);
 #else
         const uint32_t z = 0;
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%8};"
+        // not volatile: a pure function of its operands, which the compiler
+        // may then move between other tiles' work to hide its latency
+        asm("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%8};"
                      : "=r"(d[0]), "=r"(d[1])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(sel.b0), "r"(sel.b1), "r"(z));
 #endif
@@ -1103,8 +1105,16 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // splits) applies the output transform, and puts mid and the count back
 // to 0 for the next op. The xh redundancy (one per warp) is small next to
 // the decode at these row counts.
+#ifndef ESCHA_GEMV_TC_LAG
+#define ESCHA_GEMV_TC_LAG 0
+#endif
+// ESCHA_GEMV_MIN_BLOCKS: blocks an SM must hold (registers capped to fit),
+// for timing variants (hip/bench/compare.sh); 1 leaves them to the compiler.
+#ifndef ESCHA_GEMV_MIN_BLOCKS
+#define ESCHA_GEMV_MIN_BLOCKS 1
+#endif
 template <int K, int NTW, int NB, bool FUSED = false>
-static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
+static __global__ void __launch_bounds__(ESCHA_THREADS, ESCHA_GEMV_MIN_BLOCKS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
     constexpr int W    = 8 * K;
     constexpr int ROWS = NB * 8;
@@ -1231,18 +1241,30 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
         load_x(X);
         load_code(cw);
+        // ESCHA_GEMV_TC_LAG: each tile's multiply issued after the next
+        // tile's adds, so that the adds' mma latency overlaps a decode.
+        uint32_t A[ESCHA_GEMV_TC_LAG + 1][4];
 #pragma unroll
-        for (int w = 0; w < NTW; w++) {
-            uint32_t b[4];
+        for (int w = 0; w < NTW + ESCHA_GEMV_TC_LAG; w++) {
+            if (w < NTW) {
+                uint32_t b[4];
 #if ESCHA_GEMV_ADD > 0
-            escha_decode_lane_tc<K, ESCHA_GEMV_ADD>(cc[w], lb.off, a.dc, sel, b);
+                escha_decode_lane_tc<K, ESCHA_GEMV_ADD>(cc[w], lb.off, a.dc, sel, b);
 #else
-            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+                escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
 #endif
-            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
+                uint32_t * Aw = A[w % (ESCHA_GEMV_TC_LAG + 1)];
+                Aw[0] = b[0];
+                Aw[1] = b[2];
+                Aw[2] = b[1];
+                Aw[3] = b[3];
+            }
+            const int wm = w - ESCHA_GEMV_TC_LAG; // the tile multiplied now
+            if (wm >= 0) {
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
+                for (int nb = 0; nb < NB; nb++) {
+                    escha_mma(acc[wm][nb], A[wm % (ESCHA_GEMV_TC_LAG + 1)], Xc[nb][0], Xc[nb][1]);
+                }
             }
         }
     }
