@@ -512,27 +512,24 @@ static void escha_consts_fill(escha_consts & c) {
     c.xr   = ESCHA_CBA_XOR;
 }
 
-// The codebook's hash of state s, whose two f16 halves add to its value
-// (mask and xr: ESCHA_CBA_MASK and ESCHA_CBA_XOR, as registers or not).
-static __device__ __forceinline__ uint32_t escha_cb_hash(const uint32_t s, const uint32_t mask, const uint32_t xr) {
-    return ((s * ESCHA_CBA_MUL) & mask) ^ xr;
-}
-
-// Lane L's 8 codebook hashes of one tile: r[j] = (s * 0xCBAC1FED &
-// 0x8FFF8FFF) ^ 0x3B603B60 of value 8L+j's state s, whose two f16 halves
-// add to the value (escha_decode_lane below). The lane's state bits are
-// aligned once into a 32-bit window (one funnel shift by the lane's
-// offset), so that every state is then cut out at a compile-time position:
-// (window << jK) >> 16; K=2 takes four windows 2 bits apart, each state
-// then one shift or one byte permute (on the H200 29.3 us against 29.7 for
-// 5120 -> 17408, hip/bench), K=3's last two states come from the window and
-// the 5 bits after it.
+// Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
+// fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
+// b[3] = {6,7}. The lane's state bits are aligned once into a 32-bit
+// window (one funnel shift by the lane's offset), so that every state is
+// then cut out at a compile-time position: (window << jK) >> 16; K=2 takes
+// four windows 2 bits apart, each state then one shift or one byte permute
+// (on the H200 29.3 us against 29.7 for 5120 -> 17408, hip/bench), K=3's
+// last two states come from the window and the 5 bits after it. Codebook:
+// r = (s * 0xCBAC1FED & 0x8FFF8FFF) ^ 0x3B603B60,
+// value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16: one HADD2 of
+// r's two halves (operand swizzles), and the two values of a half2 then
+// joined by one byte permute.
 // REG_LOP: mask and xr from the parameters (one LOP3, and a register);
 // the prefill kernel, short of registers and not bound by the decode,
 // keeps them immediates.
 template <int K, bool REG_LOP = true>
-static __device__ __forceinline__ void escha_lane_hashes(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
-                                                         uint32_t r[8]) {
+static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
+                                                         uint32_t b[4]) {
 #ifdef GGML_USE_HIP
     // AMD: 32-bit multiplies are slow and a 3-input logic op takes any
     // constants, so plain shifts and immediates.
@@ -562,6 +559,7 @@ static __device__ __forceinline__ void escha_lane_hashes(const escha_lane_words<
     } else {
         lo = lw.t[1] << off;
     }
+    uint32_t r[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int sh = j * K; // value j's state: window bits [sh, sh + 16)
@@ -571,20 +569,8 @@ static __device__ __forceinline__ void escha_lane_hashes(const escha_lane_words<
         } else {
             s = sh == 0 ? hi >> 16 : sh + 16 <= 32 ? cut(hi, sh) : __funnelshift_l(lo, hi, sh) >> 16;
         }
-        r[j] = escha_cb_hash(s, mask, xr);
+        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;
     }
-}
-
-// Decodes lane L's 8 values of one tile into 4 half2 words, in mma B
-// fragment order: b[0] = values 8L+{0,1}, b[1] = {2,3}, b[2] = {4,5},
-// b[3] = {6,7}. value = f16(lo16(r)) + f16(hi16(r)) rounded once to f16:
-// one HADD2 of r's two halves (operand swizzles), and the two values of a
-// half2 then joined by one byte permute.
-template <int K, bool REG_LOP = true>
-static __device__ __forceinline__ void escha_decode_lane(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
-                                                         uint32_t b[4]) {
-    uint32_t r[8];
-    escha_lane_hashes<K, REG_LOP>(lw, off, c, r);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         half2 ha, hb;
@@ -753,84 +739,6 @@ static __device__ __forceinline__ void escha_mma(float c[4], const uint32_t a[4]
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
-
-// The codebook's f16 adds on the tensor cores, for the token-generation
-// GEMV (ESCHA_GEMV_ADD, below): a lane's 8 hashes are the A operand of two
-// m16n8k16 mma whose B is a 0/1 selection (escha_add_sel), so that each
-// output is one hash's lo * 1 + hi * 1 plus zero products. Both halves lie
-// in +-[0.125, 2), so the accumulator holds that sum exactly, and one
-// rounding to f16 (to nearest even) gives the contract's value. B also
-// permutes the columns so that every lane gets its own values back, packed
-// as escha_decode_lane packs them. This moves 8 HADD2 (FMA pipe) and 4 byte
-// permutes (integer pipe) a tile, on the two pipes the decode fills, to 2
-// mma on the idle tensor pipe. ESCHA_GEMV_ADD 1: f32 accumulation, then
-// one cvt.rn.f16x2.f32 a pair; 2: f16 accumulation, whose rounding is the
-// hardware's (hip/bench/escha-decode-check.cu checks every state on the GPU).
-#ifndef ESCHA_GEMV_ADD
-#define ESCHA_GEMV_ADD 0
-#endif
-#ifdef ESCHA_HAVE_MMA
-// B of the adds for lane 4g + t: B[2p][n] = B[2p+1][n] = 1 iff hash slot p
-// of A's row is the one output column n takes, slot n/2 for even n and
-// n/2 + 4 for odd n; this lane holds B[2t..2t+1][g] (b0) and
-// B[2t+8..2t+9][g] (b1). So C[g][2t] is the sum of the lane's A register 0,
-// C[g][2t+1] of register 2, C[g+8][2t] of 1, C[g+8][2t+1] of 3.
-struct escha_add_sel {
-    uint32_t b0, b1;
-    __device__ __forceinline__ explicit escha_add_sel(const int lane) {
-        const int      g = lane / 4, t = lane % 4;
-        const uint32_t one2 = 0x3C003C00u; // (1.0, 1.0) in f16
-        b0 = (g % 2 == 0 && g / 2 == t) ? one2 : 0u;
-        b1 = (g % 2 == 1 && g / 2 == t) ? one2 : 0u;
-    }
-};
-
-// Four hashes' values, packed as C comes out (escha_add_sel): d[0] = (sum
-// of a[0], sum of a[2]), d[1] = (sum of a[1], sum of a[3]), each sum of a
-// hash's two halves rounded once to f16. ADD as ESCHA_GEMV_ADD.
-template <int ADD>
-static __device__ __forceinline__ void escha_add_mma(uint32_t d[2], const uint32_t a[4], const escha_add_sel & sel) {
-    static_assert(ADD == 1 || ADD == 2, "ADD: 1 (f32 accumulation) or 2 (f16)");
-    if constexpr (ADD == 2) {
-#ifdef ESCHA_CUDA_SHIM
-        escha_shim_mma_m16n8k16_f16(d, a, sel.b0, sel.b1);
-#else
-        const uint32_t z = 0;
-        // not volatile: a pure function of its operands, which the compiler
-        // may then move between other tiles' work to hide its latency
-        asm("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%8};"
-                     : "=r"(d[0]), "=r"(d[1])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(sel.b0), "r"(sel.b1), "r"(z));
-#endif
-    } else {
-        float c[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-        escha_mma(c, a, sel.b0, sel.b1);
-        const half2 p0 = __floats2half2_rn(c[0], c[1]);
-        const half2 p1 = __floats2half2_rn(c[2], c[3]);
-        memcpy(&d[0], &p0, 4);
-        memcpy(&d[1], &p1, 4);
-    }
-}
-
-// A lane's 8 hashes (values 8L+j) to its 4 packed values, b[q] = values
-// {2q, 2q+1} as escha_decode_lane packs them.
-template <int ADD>
-static __device__ __forceinline__ void escha_add_lane(const uint32_t r[8], const escha_add_sel & sel, uint32_t b[4]) {
-    const uint32_t a0[4] = { r[0], r[2], r[1], r[3] };
-    const uint32_t a1[4] = { r[4], r[6], r[5], r[7] };
-    escha_add_mma<ADD>(b, a0, sel);
-    escha_add_mma<ADD>(b + 2, a1, sel);
-}
-
-// escha_decode_lane with the adds on the tensor cores: the same b[4].
-template <int K, int ADD>
-static __device__ __forceinline__ void escha_decode_lane_tc(const escha_lane_words<K> & lw, const int off, const escha_consts & c,
-                                                            const escha_add_sel & sel, uint32_t b[4]) {
-    uint32_t r[8];
-    escha_lane_hashes<K>(lw, off, c, r);
-    escha_add_lane<ADD>(r, sel, b);
 }
 #endif
 
@@ -1105,16 +1013,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // splits) applies the output transform, and puts mid and the count back
 // to 0 for the next op. The xh redundancy (one per warp) is small next to
 // the decode at these row counts.
-#ifndef ESCHA_GEMV_TC_LAG
-#define ESCHA_GEMV_TC_LAG 0
-#endif
-// ESCHA_GEMV_MIN_BLOCKS: blocks an SM must hold (registers capped to fit),
-// for timing variants (hip/bench/compare.sh); 1 leaves them to the compiler.
-#ifndef ESCHA_GEMV_MIN_BLOCKS
-#define ESCHA_GEMV_MIN_BLOCKS 1
-#endif
 template <int K, int NTW, int NB, bool FUSED = false>
-static __global__ void __launch_bounds__(ESCHA_THREADS, ESCHA_GEMV_MIN_BLOCKS) escha_gemv_kernel(const escha_mm_args a) {
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
     constexpr int W    = 8 * K;
     constexpr int ROWS = NB * 8;
@@ -1131,9 +1031,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, ESCHA_GEMV_MIN_BLOCKS) e
         return;
     }
     const escha_lane_bits<K> lb(work.lane);
-#if ESCHA_GEMV_ADD > 0
-    const escha_add_sel sel(work.lane);
-#endif
     const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
     const escha_group & g = work.g;
 
@@ -1241,30 +1138,14 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, ESCHA_GEMV_MIN_BLOCKS) e
         }
         load_x(X);
         load_code(cw);
-        // ESCHA_GEMV_TC_LAG: each tile's multiply issued after the next
-        // tile's adds, so that the adds' mma latency overlaps a decode.
-        uint32_t A[ESCHA_GEMV_TC_LAG + 1][4];
 #pragma unroll
-        for (int w = 0; w < NTW + ESCHA_GEMV_TC_LAG; w++) {
-            if (w < NTW) {
-                uint32_t b[4];
-#if ESCHA_GEMV_ADD > 0
-                escha_decode_lane_tc<K, ESCHA_GEMV_ADD>(cc[w], lb.off, a.dc, sel, b);
-#else
-                escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
-#endif
-                uint32_t * Aw = A[w % (ESCHA_GEMV_TC_LAG + 1)];
-                Aw[0] = b[0];
-                Aw[1] = b[2];
-                Aw[2] = b[1];
-                Aw[3] = b[3];
-            }
-            const int wm = w - ESCHA_GEMV_TC_LAG; // the tile multiplied now
-            if (wm >= 0) {
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
 #pragma unroll
-                for (int nb = 0; nb < NB; nb++) {
-                    escha_mma(acc[wm][nb], A[wm % (ESCHA_GEMV_TC_LAG + 1)], Xc[nb][0], Xc[nb][1]);
-                }
+            for (int nb = 0; nb < NB; nb++) {
+                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
             }
         }
     }

@@ -121,10 +121,14 @@ CUDA_KERNEL = [
     M("cuda-butterfly-sign", "fast", CUH,
       "v[q] = (lane & m) ? p - v[q] : v[q] + p;", "v[q] = (lane & m) ? v[q] - p : v[q] + p;",
       "cuda_shim", "H128: a butterfly with the wrong sign"),
-    M("cuda-cb-ulp", "fast", CUH,
-      "    return ((s * ESCHA_CBA_MUL) & mask) ^ xr;\n",
-      "    return (((s * ESCHA_CBA_MUL) & mask) ^ xr) ^ ((s & 255) == 90 ? 0x10000u : 0u);\n",
-      "cuda_shim", "codebook hash's high half one f16 ulp off for 1/256 of the states ((s & 255) == 90)"),
+    Mutant("cuda-cb-ulp", "fast", CUH, [
+        ("    uint32_t r[8];\n", "    uint32_t r[8], st[8];\n"),
+        ("        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;\n",
+         "        r[j] = ((s * ESCHA_CBA_MUL) & mask) ^ xr;\n        st[j] = s;\n"),
+        ("b[q] = __byte_perm(ua, ub, 0x7610);",
+         "b[q] = __byte_perm(ua ^ (uint32_t) ((st[2 * q] & 255) == 90), "
+         "ub ^ ((uint32_t) ((st[2 * q + 1] & 255) == 90) << 16), 0x7610);"),
+    ], "cuda_shim", "codebook one f16 ulp off for 1/256 of the states ((s & 255) == 90)"),
     M("cuda-decode-once-skip", "fast", CUH,
       "g < units; g += warps) {", "g < units - 1; g += warps) {",
       "cuda_shim", "the decode-once kernel (BLAS path) leaves a weight's last 8 tiles unwritten"),

@@ -127,15 +127,6 @@ void escha_shim_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint3
         c[i] = s;
     }
 }
-
-void escha_shim_mma_m16n8k16_f16(uint32_t d[2], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    float c[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-    escha_shim_mma_m16n8k16(c, a, b0, b1);
-    for (int i = 0; i < 2; i++) {
-        const half lo = __float2half_rn(c[2 * i]), hi = __float2half_rn(c[2 * i + 1]);
-        d[i] = (uint32_t) lo.bits | (uint32_t) hi.bits << 16;
-    }
-}
 #endif
 
 template <typename T>

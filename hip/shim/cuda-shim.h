@@ -111,10 +111,6 @@ static inline float2 __half22float2(half2 h) {
     return float2{ __half2float(h.x), __half2float(h.y) };
 }
 
-static inline half2 __floats2half2_rn(float a, float b) {
-    return half2{ __float2half_rn(a), __float2half_rn(b) };
-}
-
 static inline half2 __low2half2(half2 h) {
     return half2{ h.x, h.x };
 }
@@ -232,10 +228,6 @@ static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 with c as accumulator,
 // every lane of the warp at once (PTX ISA fragment layouts).
 void escha_shim_mma_m16n8k16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-// mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 with a zero
-// accumulator: each output the f32 sum rounded once to f16 (nearest even),
-// d[0] = C[g][2t..2t+1], d[1] = C[g+8][2t..2t+1], low half first.
-void escha_shim_mma_m16n8k16_f16(uint32_t d[2], const uint32_t a[4], uint32_t b0, uint32_t b1);
 #endif
 
 #endif // ESCHA_CUDA_SHIM_H
