@@ -99,6 +99,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 B=.device-build/build/bin
 M=.device-models
+S=hip/synthetic-qwen35.py
 out=${OUT:-out}
 mkdir -p "$out" "$M"
 DENSE_LAYERS=${DENSE_LAYERS:-16}
@@ -110,6 +111,15 @@ MOE_ROWS_TRIED=${MOE_ROWS_TRIED-8 16 32 64 100}
 PERF_VARIANTS=${PERF_VARIANTS:-shipped: nopdl:GGML_CUDA_PDL=0 unfused:GGML_ESCHA_FUSED=0 late:GGML_ESCHA_EARLY=0 noblas:GGML_ESCHA_BLAS_MIN_ROWS=0 blas:GGML_ESCHA_BLAS_MIN_ROWS=1}
 has() { [[ " $MODELS " == *" $1 "* ]]; }
 die() { echo "device-bench: $*" >&2; exit 1; }
+# synth DST LOG OPTIONS: synthetic-qwen35.py writes DST through DST.tmp, so
+# that a failed or cut-off run leaves no model a later step would take for
+# whole; its output goes to LOG, which the failure names.
+synth() {
+    local dst=$1 log=$2
+    shift 2
+    python3 $S "$@" -o "$dst.tmp" > "$log" 2>&1 || die "$dst: writing the model failed ($log)"
+    mv "$dst.tmp" "$dst"
+}
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
 cases_of() { case $1 in ESCHA_LINEAR) echo 152 ;; ESCHA_MOE) echo 35 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
@@ -124,7 +134,7 @@ offload() {
     for m in dense27b moe35b; do
         local f=$M/check-$m.gguf
         if [ ! -f "$f" ]; then
-            python3 hip/synthetic-qwen35.py --model $m --layers 4 --shrink 4 --weights escha --plain f16 --rout 0.01 -o "$f" >/dev/null
+            synth "$f" "$out/gen-check-$m.log" --model $m --layers 4 --shrink 4 --weights escha --plain f16 --rout 0.01
             LD_LIBRARY_PATH=$B .device-build/escha decode "$f" "$M/check-$m-twin.gguf" >/dev/null || die "escha decode $f failed"
             ppl -m "$M/check-$m-twin.gguf" -f "$text" -ngl 0 --no-op-offload --kl-divergence-base "$M/check-$m.kld" \
                 > "$out/kld-base-$m.log" || die "$m: the twin's perplexity run failed"
@@ -165,7 +175,7 @@ twin_small() { echo "$M/small-$(basename "$1" .gguf)"; }
 # quantized model stays ($M/small-NAME-q.gguf, NAME the twin's) for
 # escha models whose other matrices take its types.
 quantized_twin() {
-    local model=$1 layers=$2 ftype=$3 dst=$4 S=hip/synthetic-qwen35.py shrink small im log
+    local model=$1 layers=$2 ftype=$3 dst=$4 shrink small im log
     shift 4
     [ -f "$dst" ] && return 0
     case $model in dense27b) shrink=4 ;; moe35b) shrink=2 ;; esac   # the MoE experts' 512 allow only 2
@@ -185,24 +195,20 @@ quantized_twin() {
 # in the type quantized_twin's small model of TWIN gives it. Usage:
 # escha_like TWIN OUT synthetic-qwen35.py options (model, layers, ...).
 escha_like() {
-    local twin=$1 dst=$2 log
+    local twin=$1 dst=$2
     shift 2
     [ -f "$dst" ] && return 0
-    log=$out/gen-$(basename "$dst" .gguf).log
-    python3 hip/synthetic-qwen35.py "$@" --weights escha --like "$(twin_small "$twin")-q.gguf" \
-        -o "$dst.tmp" > "$log" 2>&1 || die "$dst: writing the like-with-like model failed ($log)"
-    mv "$dst.tmp" "$dst"
+    synth "$dst" "$out/gen-$(basename "$dst" .gguf).log" "$@" --weights escha --like "$(twin_small "$twin")-q.gguf"
 }
 # The mtp step's escha models (no build needed: run it while building):
 # the head in f16 as the export ships it, and coded (escha-coded).
 mtp_gen() {
-    local S=hip/synthetic-qwen35.py w
+    local w
     for w in escha escha-coded; do
         [[ " $MTP_WEIGHTS " == *" $w "* ]] || continue
         [ -f "$(mtp_model $w)" ] && continue
-        python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree $([ $w = escha-coded ] && echo --mtp-coded) \
-            -o "$(mtp_model $w).tmp" > "$out/mtp-gen-$w.log" 2>&1 || die "mtp: writing the $w model failed ($out/mtp-gen-$w.log)"
-        mv "$(mtp_model $w).tmp" "$(mtp_model $w)"
+        synth "$(mtp_model $w)" "$out/mtp-gen-$w.log" --model dense27b --layers "$DENSE_LAYERS" --weights escha --mtp --agree \
+            $([ $w = escha-coded ] && echo --mtp-coded)
     done
 }
 # The mtp step's model of weights $1, for DENSE_LAYERS layers.
@@ -508,9 +514,8 @@ for step in "$@"; do
             done
         done ;;
     gen|models)
-        S=hip/synthetic-qwen35.py
-        has dense && python3 $S --model dense27b --layers "$DENSE_LAYERS" --weights escha -o $M/dense-escha.gguf
-        has moe && python3 $S --model moe35b --layers "$MOE_LAYERS" --weights escha -o $M/moe-escha.gguf
+        has dense && synth $M/dense-escha.gguf "$out/gen-dense-escha.log" --model dense27b --layers "$DENSE_LAYERS" --weights escha
+        has moe && synth $M/moe-escha.gguf "$out/gen-moe-escha.log" --model moe35b --layers "$MOE_LAYERS" --weights escha
         ls -la $M/
         if [ "$step" = models ]; then bash "$0" q4km; fi ;;
     q4km|iq2)
