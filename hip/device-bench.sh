@@ -91,6 +91,13 @@
 #            threads, escha's avx512fp16, avx512vbmi and avx2 paths against
 #            Q4_K, Q2_K and IQ2_XXS (the CPU-speed issue's batch-1 goal on
 #            FP16 machines; OPS_ROWS="1|512" adds batch 512)
+#   gemma    Gemma-3-270M on this machine's CPU, llama-bench -t 2 pp512 /
+#            tg128, escha against its IQ2_XXS and Q4_K_M twins, GEMMA_ROUNDS
+#            (3) interleaved rounds, and escha's tg128 on its avx512vbmi
+#            path: the models rebuilt from the skeletons device-pack.sh
+#            packs (hip/gguf-skeleton.py: the same layout, random contents),
+#            as they are too large to carry. A CPU-only build is enough:
+#            DEVICE_CUDA=OFF bash hip/device-build.sh
 # MODELS (default "dense moe") limits gen / q4km / iq2 / bench to those
 # models: each call to a GPU machine starts from a fresh tree and may run 10
 # minutes, and build + one model's twins + bench fit one call:
@@ -624,6 +631,31 @@ for step in "$@"; do
         echo
         OPS_BIN=$B OPS_ROWS=${OPS_ROWS:-1} OPS_ISAS=${OPS_ISAS:-avx512fp16 avx512vbmi avx2} OPS_ROUNDS=${OPS_ROUNDS:-2} \
             bash examples/ops-threads.sh 2>&1 | sed 's/,per=.*pad=0)/)/' | tee "$out/cpu.log" ;;
+    gemma)
+        # The CPU-speed issue's model goal on its machine type: the models
+        # as examples/gemma-speed.sh makes them here, rebuilt from their
+        # headers; CUDA hidden, so every op runs on the CPU.
+        [ -d .device/gemma ] || die "gemma: no .device/gemma (device-pack.sh packs it once examples/gemma-speed.sh has made the models)"
+        grep -m1 'model name' /proc/cpuinfo
+        grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx)' | tr '\n' ' '
+        echo
+        for k in escha iq2_xxs q4_k_m; do
+            f=$M/gemma-$k.gguf
+            [ -f "$f" ] && continue
+            xz -dc .device/gemma/$k.skel.xz > "$M/gemma-$k.skel" || die "gemma: unpacking .device/gemma/$k.skel.xz failed"
+            python3 hip/gguf-skeleton.py fill "$M/gemma-$k.skel" "$f" > "$out/gemma-fill-$k.log" 2>&1 \
+                || die "$f: rebuilding the model failed ($out/gemma-fill-$k.log)"
+        done
+        gbench() { CUDA_VISIBLE_DEVICES= "$B/llama-bench" -ngl 0 -t 2 -r 3 -o md "$@" 2>> "$out/gemma.err" | grep -E 'pp512|tg128'; }
+        for r in $(seq "${GEMMA_ROUNDS:-3}"); do
+            echo "== round $r"
+            for k in escha iq2_xxs q4_k_m; do
+                gbench -m "$M/gemma-$k.gguf" -p 512 -n 128 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
+            done
+            echo "escha on avx512vbmi:"
+            ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-escha failed"
+        done | tee "$out/gemma.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || die "gemma: a run failed (above; $out/gemma.err)" ;;
     batched)
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
         [ -x $B/llama-batched-bench ] || die "batched: no llama-batched-bench (bash hip/device-build.sh llama-batched-bench)"

@@ -7,7 +7,8 @@
 # working tree has none: build and measure in the same call. Targets:
 # test-backend-ops, llama-bench, llama-quantize (and more as arguments:
 # llama-cli is one, which this tree builds with the server's code);
-# `device-build.sh configure` stops after CMake (device-bench.sh's
+# DEVICE_CUDA=OFF builds the CPU backend alone (a minute or so, for the CPU
+# steps); `device-build.sh configure` stops after CMake (device-bench.sh's
 # mutant-objects step can then compile while the build runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S "$src" -B .device-build/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_NATIVE=ON -DGGML_OPENMP=OFF \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
+    -DGGML_CUDA="${DEVICE_CUDA:-ON}" -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
     -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DESCHA_RUST_LIB="$PWD/.device-build/libescha_ggml_cpu.a" > .device-build/cmake.log

@@ -9,6 +9,8 @@
 #   .device/escha.xz               the escha tool (decoded twins for the offload
 #                                  check; it loads the build's libggml-base)
 #   .device/gpu-mutants/           tests/mutants.py's GPU mutants as patches
+#   .device/gemma/*.skel.xz        Gemma-3-270M's escha model and twins as headers
+#                                  (hip/gguf-skeleton.py), when they are here
 #   .device/packed-id              what was packed (tree and library hashes)
 # Run `cargo build --release --features tools` first; then carry `.device`
 # and run hip/device-build.sh there. Keeps .device under 64 MiB.
@@ -38,6 +40,20 @@ tar -C "$tree" "${excl[@]}" --exclude='./.escha-synced-from' --exclude='*.gguf' 
 xz -T2 -6 -c "$lib" > .device/libescha_ggml_cpu.a.xz
 [ -x target/release/escha ] || { echo "no target/release/escha: run cargo build --release --features tools first" >&2; exit 1; }
 xz -T2 -6 -c target/release/escha > .device/escha.xz
+# Gemma-3-270M's models (examples/gemma-speed.sh), as headers for
+# device-bench.sh's gemma step to rebuild: the models are too large to carry.
+rm -rf .device/gemma
+gemma=${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/gemma3-270m
+gemma_escha=$(ls -t "$gemma"/gemma-3-270m-escha-random-q4rest-*.gguf 2>/dev/null | head -n 1)
+if [ -n "$gemma_escha" ] && [ -f "$gemma/gemma-3-270m-iq2_xxs.gguf" ] && [ -f "$gemma/gemma-3-270m-q4_k_m.gguf" ]; then
+    mkdir -p .device/gemma
+    for k in escha:"$gemma_escha" iq2_xxs:"$gemma/gemma-3-270m-iq2_xxs.gguf" q4_k_m:"$gemma/gemma-3-270m-q4_k_m.gguf"; do
+        python3 hip/gguf-skeleton.py strip "${k#*:}" ".device/gemma/${k%%:*}.skel" >/dev/null
+        xz -T2 -6 -f ".device/gemma/${k%%:*}.skel"
+    done
+else
+    echo "no Gemma-3-270M models in $gemma (examples/gemma-speed.sh makes them): device-bench.sh's gemma step will not run" >&2
+fi
 rm -rf .device/gpu-mutants
 python3 tests/mutants.py --group gpu --emit-patches .device/gpu-mutants >/dev/null
 { sha256sum .device/llama.cpp.tar.xz | cut -c1-16; sha256sum "$lib" | cut -c1-16; } > .device/packed-id

@@ -199,13 +199,17 @@ def constant_block(ttype, v):
     return bytes(z)
 
 
-def tensor_types(path):
-    """(name -> ggml type of every tensor, general.file_type) of the GGUF at
-    `path`."""
+def read_header(path):
+    """The header of the GGUF at `path`: (general.file_type or None,
+    general.alignment, [(name, ne, ggml type, data offset) of every tensor],
+    the header's length in bytes, before its padding to the alignment)."""
     with open(path, "rb") as f:
         def rd(fmt):
             n = struct.calcsize(fmt)
-            return struct.unpack(fmt, f.read(n))
+            b = f.read(n)
+            if len(b) != n:
+                sys.exit("%s: the GGUF header ends early (at byte %d)" % (path, f.tell()))
+            return struct.unpack(fmt, b)
 
         def rs():
             return f.read(rd("<Q")[0]).decode()
@@ -222,27 +226,54 @@ def tensor_types(path):
                         skip(sub)
                 else:
                     f.seek(sizes[sub] * n, 1)
-            else:
+            elif vt in sizes:
                 f.seek(sizes[vt], 1)
+            else:
+                sys.exit("%s: not a GGUF file (value type %d at byte %d)" % (path, vt, f.tell()))
 
-        magic, _ver, n_t, n_kv = rd("<4sIQQ")
-        if magic != b"GGUF":
+        if f.read(4) != b"GGUF":
             sys.exit("%s: not a GGUF file" % path)
-        file_type = None
+        _ver, n_t, n_kv = rd("<IQQ")
+        file_type, align = None, ALIGN
         for _ in range(n_kv):
             key = rs()
             vt = rd("<I")[0]
             if key == "general.file_type" and vt == T_U32:
                 file_type = rd("<I")[0]
+            elif key == "general.alignment" and vt == T_U32:
+                align = rd("<I")[0]
             else:
                 skip(vt)
-        types = {}
+        tensors = []
         for _ in range(n_t):
             name = rs()
             nd = rd("<I")[0]
-            f.seek(8 * nd, 1)
-            types[name] = rd("<IQ")[0]
-        return types, file_type
+            ne = list(rd("<%dQ" % nd))
+            ttype, off = rd("<IQ")
+            tensors.append((name, ne, ttype, off))
+        return file_type, align, tensors, f.tell()
+
+
+def tensor_types(path):
+    """(name -> ggml type of every tensor, general.file_type) of the GGUF at
+    `path`."""
+    file_type, _, tensors, _ = read_header(path)
+    return {name: ttype for name, _, ttype, _ in tensors}, file_type
+
+
+def tensor_nbytes(ne, ttype):
+    """Bytes of a tensor of shape `ne` and ggml type `ttype`, or None for a
+    type this writer does not know or rows that are not whole blocks."""
+    n = 1
+    for d in ne:
+        n *= d
+    if ttype == F32:
+        return 4 * n
+    if ttype in (F16, I16):
+        return 2 * n
+    if ttype not in BLOCKS or ne[0] % BLOCKS[ttype][0] != 0:
+        return None
+    return n // BLOCKS[ttype][0] * BLOCKS[ttype][1]
 
 
 class Gguf:
@@ -254,17 +285,8 @@ class Gguf:
         self.kv.append((key, vtype, val, sub))
 
     def tensor(self, name, ne, ttype, writer):
-        n = 1
-        for d in ne:
-            n *= d
-        if ttype == F32:
-            nbytes = 4 * n
-        elif ttype in (F16, I16):
-            nbytes = 2 * n
-        else:
-            per, size = BLOCKS[ttype][:2]
-            assert ne[0] % per == 0, name
-            nbytes = n // per * size
+        nbytes = tensor_nbytes(ne, ttype)
+        assert nbytes is not None, name
         self.tensors.append((name, list(ne), ttype, nbytes, writer))
 
     @staticmethod

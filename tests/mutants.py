@@ -368,7 +368,8 @@ MUTANTS += [
       "cuda_shim", "plan: 33-64 dense rows as one 64-row group on the 32-row GEMV block (rows 33-64 never computed)"),
 ]
 
-# The GPU benchmarks' synthetic models (hip/synthetic-qwen35.py), caught by
+# The GPU benchmarks' synthetic models (hip/synthetic-qwen35.py) and models
+# rebuilt from their headers (hip/gguf-skeleton.py), caught by
 # tests/synthetic_twins.py.
 SYN = "hip/synthetic-qwen35.py"
 MUTANTS += [
@@ -380,6 +381,14 @@ MUTANTS += [
       "    12: (256, 144, (0, 2), (1 / 2048, 7.5 / 2048)),  # Q4_K",
       "    12: (256, 144, (0, 2), (1 / 2048, 0.0)),  # Q4_K",
       "synthetic_twins", "synthetic random Q4_K blocks without their centring minimum (every weight >= 0)"),
+    M("skeleton-no-padding", "fast", "hip/gguf-skeleton.py",
+      '                out.write(b"\\0" * (base + off - out.tell()))',
+      '                pass',
+      "synthetic_twins", "gguf-skeleton fill: tensors written back to back, not at their aligned offsets"),
+    M("skeleton-rout-one", "fast", "hip/gguf-skeleton.py",
+      '0.02 if name.endswith(".escha_rout") else 1.0',
+      '1.0',
+      "synthetic_twins", "gguf-skeleton fill: escha_rout 1.0, not the synthetic models' 0.02"),
 ]
 
 # Group e2e (slow: each mutant rebuilds the tools and runs the whole Qwen3.5

@@ -12,7 +12,10 @@ Checks:
   writer's stated size, and centred on 0 (the types with a minimum too);
 - a --weights like twin of a model llama-quantize made (Q4_K_M, MTP head,
   --agree) has every tensor in the same type and of the same size, and
-  gguf-py reads it.
+  gguf-py reads it;
+- a model rebuilt from its header (hip/gguf-skeleton.py) has that header,
+  every tensor where gguf-py finds it and finite contents, and a type the
+  tool cannot fill stops it, naming the tensor.
 """
 
 import importlib.util
@@ -81,7 +84,69 @@ check(a.keys() == b.keys(), "like twin: the reference's %d tensors, %d written" 
 diff = [n for n in a if n in b and a[n] != b[n]]
 check(not diff, "like twin: type, size and shape of every tensor as llama-quantize's (%d differ%s)"
       % (len(diff), ": " + ", ".join(diff[:4]) if diff else ""))
-for f in (f16, ref, like):
+
+# hip/gguf-skeleton.py: a model rebuilt from its header has the header byte
+# for byte, every tensor where upstream's reader expects it, and finite
+# contents; what it cannot fill stops it, naming the tensor, with no output.
+sk = os.path.join(HERE, "..", "hip", "gguf-skeleton.py")
+esc = os.path.join(work, "escha.gguf")
+subprocess.run([sys.executable, s, "--model", "dense27b", "--layers", "4", "--shrink", "4", "--weights", "escha",
+                "-o", esc], check=True)
+for src in (ref, esc):
+    skel, filled = src + ".skel", src + ".filled.gguf"
+    subprocess.run([sys.executable, sk, "strip", src, skel], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, sk, "fill", skel, filled], check=True, stdout=subprocess.DEVNULL)
+    ra, rb = GGUFReader(src), GGUFReader(filled)
+    head = open(skel, "rb").read()
+    with open(src, "rb") as fa, open(filled, "rb") as fb:
+        check(fa.read(len(head)) == head and fb.read(len(head)) == head and len(head) < ra.data_offset,
+              "skeleton of %s: its header byte for byte (%d bytes), in the rebuilt model too"
+              % (os.path.basename(src), len(head)))
+    check(os.path.getsize(filled) == os.path.getsize(src), "rebuilt %s: %d bytes, the model's %d"
+          % (os.path.basename(src), os.path.getsize(filled), os.path.getsize(src)))
+    ta = {t.name: (t.tensor_type, t.n_bytes, list(t.shape), t.data_offset) for t in ra.tensors}
+    tb = {t.name: (t.tensor_type, t.n_bytes, list(t.shape), t.data_offset) for t in rb.tensors}
+    check(ta == tb, "rebuilt %s: every tensor's type, size, shape and offset as the model's (%d tensors)"
+          % (os.path.basename(src), len(ta)))
+    bad = []
+    for t in rb.tensors:
+        tt = GGMLQuantizationType(t.tensor_type)
+        if tt == GGMLQuantizationType.I16:
+            ok = True
+        elif tt in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            v = np.asarray(t.data, dtype=np.float64).reshape(-1)
+            if v.size == t.shape[0]:  # a vector
+                ok = np.all(v == (np.float64(np.float16(0.02)) if t.name.endswith("escha_rout") else 1.0))
+            elif tt == GGMLQuantizationType.F32:
+                ok = np.all(v == np.float64(np.float32(0.1)))
+            else:
+                ok = np.isfinite(v).all() and np.abs(v).max() < 0.125 and np.abs(v).min() >= 0.0625
+        else:
+            v = weights(t.tensor_type, bytes(t.data))
+            ok = np.isfinite(v).all() and np.abs(v).max() <= 2.0 and np.abs(v).max() > 0
+        if not ok:
+            bad.append(t.name)
+    check(not bad, "rebuilt %s: finite contents of each tensor's kind (%d wrong%s)"
+          % (os.path.basename(src), len(bad), ": " + ", ".join(bad[:4]) if bad else ""))
+    os.remove(filled)
+# A tensor of a type the tool has no blocks for (IQ1_S): the skeleton's
+# first tensor retyped.
+raw = bytearray(open(esc + ".skel", "rb").read())
+first = GGUFReader(esc).tensors[0]
+at = raw.find(first.name.encode()) + len(first.name) + 4 + 8 * len(first.shape)
+raw[at:at + 4] = (19).to_bytes(4, "little")
+open(esc + ".bad.skel", "wb").write(bytes(raw))
+out = os.path.join(work, "bad.gguf")
+r = subprocess.run([sys.executable, sk, "fill", esc + ".bad.skel", out], capture_output=True, text=True)
+check(r.returncode != 0 and first.name in r.stderr and "IQ1_S" in r.stderr and not os.path.exists(out)
+      and not os.path.exists(out + ".tmp"), "fill of a skeleton with an IQ1_S tensor: stops naming %s (%s), no output"
+      % (first.name, r.stderr.strip()))
+r = subprocess.run([sys.executable, sk, "fill", os.path.join(HERE, "synthetic_twins.py"), out], capture_output=True,
+                   text=True)
+check(r.returncode != 0 and "not a GGUF file" in r.stderr and not os.path.exists(out),
+      "fill of a file that is no GGUF: %s" % r.stderr.strip())
+
+for f in (f16, ref, like, esc, ref + ".skel", esc + ".skel", esc + ".bad.skel"):
     os.remove(f)
 
 if failures:
