@@ -92,7 +92,17 @@ sk = os.path.join(HERE, "..", "hip", "gguf-skeleton.py")
 esc = os.path.join(work, "escha.gguf")
 subprocess.run([sys.executable, s, "--model", "dense27b", "--layers", "4", "--shrink", "4", "--weights", "escha",
                 "-o", esc], check=True)
-for src in (ref, esc):
+# and tensors whose sizes are not multiples of the alignment, so that each
+# one's padding matters
+odd = os.path.join(work, "odd.gguf")
+g = syn.Gguf()
+g.add("general.architecture", syn.T_STR, "none")
+g.tensor("a.weight", [3], syn.F32, syn.const_f32(1.0))
+g.tensor("b.weight", [32, 1], syn.Q8_0, lambda out, n: pool.q8_0.rows(1, out))
+g.tensor("c.escha_rout", [5], syn.F16, syn.const_f16(syn.f16_bits(0.02)))
+g.tensor("d.weight", [16, 2], syn.F16, lambda out, n: pool.stream(pool.tame, n, out))
+g.write(odd)
+for src in (ref, esc, odd):
     skel, filled = src + ".skel", src + ".filled.gguf"
     subprocess.run([sys.executable, sk, "strip", src, skel], check=True, stdout=subprocess.DEVNULL)
     subprocess.run([sys.executable, sk, "fill", skel, filled], check=True, stdout=subprocess.DEVNULL)
@@ -146,7 +156,7 @@ r = subprocess.run([sys.executable, sk, "fill", os.path.join(HERE, "synthetic_tw
 check(r.returncode != 0 and "not a GGUF file" in r.stderr and not os.path.exists(out),
       "fill of a file that is no GGUF: %s" % r.stderr.strip())
 
-for f in (f16, ref, like, esc, ref + ".skel", esc + ".skel", esc + ".bad.skel"):
+for f in (f16, ref, like, esc, odd, ref + ".skel", esc + ".skel", odd + ".skel", esc + ".bad.skel"):
     os.remove(f)
 
 if failures:
