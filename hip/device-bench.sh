@@ -91,10 +91,11 @@
 #            threads, escha's avx512fp16, avx512vbmi and avx2 paths against
 #            Q4_K, Q2_K and IQ2_XXS (the CPU-speed issue's batch-1 goal on
 #            FP16 machines; OPS_ROWS="1|512" adds batch 512)
-#   gemma    Gemma-3-270M on this machine's CPU, llama-bench -t 2 pp512 /
-#            tg128, escha against its IQ2_XXS and Q4_K_M twins, GEMMA_ROUNDS
-#            (3) interleaved rounds, and escha's tg128 on its avx512vbmi
-#            path: the models rebuilt from the skeletons device-pack.sh
+#   gemma    Gemma-3-270M on this machine's CPU, llama-bench -t 2 (two CPUs
+#            of different cores), escha against its IQ2_XXS and Q4_K_M
+#            twins: tg128 in GEMMA_ROUNDS (6) rounds, the order reversed
+#            every other round, escha's avx512vbmi path too; then pp512 in
+#            two rounds. The models rebuilt from the skeletons device-pack.sh
 #            packs (hip/gguf-skeleton.py: the same layout, random contents),
 #            as they are too large to carry. A CPU-only build is enough:
 #            DEVICE_CUDA=OFF bash hip/device-build.sh
@@ -646,15 +647,32 @@ for step in "$@"; do
             python3 hip/gguf-skeleton.py fill "$M/gemma-$k.skel" "$f" > "$out/gemma-fill-$k.log" 2>&1 \
                 || die "$f: rebuilding the model failed ($out/gemma-fill-$k.log)"
         done
-        gbench() { CUDA_VISIBLE_DEVICES= "$B/llama-bench" -ngl 0 -t 2 -r 3 -o md "$@" 2>> "$out/gemma.err" | grep -E 'pp512|tg128'; }
-        for r in $(seq "${GEMMA_ROUNDS:-3}"); do
-            echo "== round $r"
-            for k in escha iq2_xxs q4_k_m; do
-                gbench -m "$M/gemma-$k.gguf" -p 512 -n 128 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
+        # Two CPUs on different cores (the VM's vCPUs may be SMT siblings),
+        # the last of the list: this VM's speed drifts, so the models also
+        # alternate their order round by round (a drift then falls on both).
+        pin=$(lscpu -p=CPU,CORE 2>/dev/null | grep -v '^#' | sort -t, -k2,2n -u | tail -n 2 | cut -d, -f1 | paste -sd,)
+        echo "llama-bench pinned to CPUs ${pin:-(none: no lscpu)}"
+        gbench() {
+            CUDA_VISIBLE_DEVICES= ${pin:+taskset -c "$pin"} "$B/llama-bench" -ngl 0 -t 2 -r 3 -o md "$@" 2>> "$out/gemma.err" \
+                | grep -E 'pp512|tg128'
+        }
+        order() { [ $(($1 % 2)) = 1 ] && echo escha iq2_xxs q4_k_m || echo q4_k_m iq2_xxs escha; }
+        {
+            for r in $(seq "${GEMMA_ROUNDS:-6}"); do
+                echo "== round $r, tg128"
+                for k in $(order "$r"); do
+                    gbench -m "$M/gemma-$k.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
+                done
+                echo "escha on avx512vbmi:"
+                ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-escha failed"
             done
-            echo "escha on avx512vbmi:"
-            ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-escha failed"
-        done | tee "$out/gemma.log"
+            for r in 1 2; do
+                echo "== round $r, pp512"
+                for k in $(order "$r"); do
+                    gbench -m "$M/gemma-$k.gguf" -p 512 -n 0 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
+                done
+            done
+        } | tee "$out/gemma.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "gemma: a run failed (above; $out/gemma.err)" ;;
     batched)
         # Parallel sequences (llama-server's case): prompt 128, 64 generated each.
