@@ -494,7 +494,8 @@ for step in "$@"; do
         # Needs llama-cli (bash hip/device-build.sh llama-cli); MTP_WEIGHTS
         # (default "escha q4km"; escha-coded: the head's projections coded;
         # escha-q4rest: every matrix escha does not code, the head's
-        # included, in the Q4_K_M twin's types) picks the models.
+        # included, in the Q4_K_M twin's types) picks the models; MTP_BENCH=0
+        # skips llama-bench (llama-cli alone, for more rounds in a call).
         [ -x $B/llama-cli ] || die "mtp: no llama-cli (bash hip/device-build.sh llama-cli)"
         mtp_gen
         if [[ " $MTP_WEIGHTS " == *" q4km "* || " $MTP_WEIGHTS " == *" escha-q4rest "* ]]; then
@@ -506,9 +507,11 @@ for step in "$@"; do
         fi
         echo "mtp: models written at ${SECONDS} s"
         for m in $MTP_WEIGHTS; do
-            $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
-                || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
-            grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
+            if [ "${MTP_BENCH:-1}" = 1 ]; then
+                $B/llama-bench -m "$(mtp_model $m)" -ngl 99 -p 2,3,4,5,512 -n 128 -r 3 -o md > "$out/mtp-bench-$m.md" 2>&1 \
+                    || die "mtp: llama-bench $m failed ($out/mtp-bench-$m.md)"
+                grep -E "pp[0-9]|tg128" "$out/mtp-bench-$m.md"
+            fi
             for spec in plain draft-mtp; do
                 log=$out/mtp-cli-$m-$spec
                 $B/llama-cli -m "$(mtp_model $m)" -ngl 99 -p "t5 t6 t7" -n 256 -st --temp 0 --reasoning off \
