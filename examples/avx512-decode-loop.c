@@ -11,6 +11,9 @@
  *   LO=1    the low half moved by two shifts instead of vpmaddwd
  *   MASK=1  the mask and xor by vpandd + vpxord instead of one vpternlogd
  *   RND=1   the rounding by integer operations instead of Veltkamp's split
+ *   RND=2   the rounding by adding and subtracting the sum's own binade
+ *           times 2^13 (an and and an integer add make it): two FP adds
+ *           and two integer operations instead of a multiply and an FMA
  *
  *   cc -O3 -march=icelake-server -mf16c examples/avx512-decode-loop.c -o /tmp/dl && /tmp/dl
  *
@@ -69,9 +72,12 @@ static inline __m512 value(__m512i s) {
     hi = _mm512_ternarylogic_epi32(hi, I(HMASK), I(HXOR), 0x6a);
 #endif
     __m512 v = _mm512_add_ps(PS(lo), PS(hi));
-#if RND
+#if RND == 1
     __m512i b = SI(v), odd = _mm512_and_si512(_mm512_srli_epi32(b, 13), I(1));
     return PS(_mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(b, I(0xFFF)), odd), I(~0x1FFFu)));
+#elif RND == 2
+    __m512 c = PS(_mm512_add_epi32(_mm512_and_si512(SI(v), I(0xFF800000u)), I(13 << 23)));
+    return _mm512_sub_ps(_mm512_add_ps(v, c), c);
 #else
     __m512 c = _mm512_mul_ps(v, _mm512_set1_ps(8193.f));
     return _mm512_fnmadd_ps(v, _mm512_set1_ps(8192.f), c);
