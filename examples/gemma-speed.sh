@@ -24,9 +24,7 @@ cargo build --release --features tools --bins
 . scripts/lib/gemma.sh
 gemma_fetch
 
-key=$(sha256sum <"$escha" | cut -c1-16)
-rand="$cache/gemma-3-270m-escha-random-$key.gguf"
-speed="$cache/gemma-3-270m-escha-random-q4rest-$key.gguf"
+gemma_speed_models
 if [ ! -f "$speed" ]; then
     rm -f "$cache"/gemma-3-270m-escha-random-*.gguf
     log "escha twin: every projection coded with random codes, the rest Q4_K_M"
@@ -36,7 +34,6 @@ if [ ! -f "$speed" ]; then
     mv "$speed.tmp" "$speed"
     rm -f "$rand"
 fi
-iq2="$cache/gemma-3-270m-iq2_xxs.gguf"
 if [ ! -f "$iq2" ]; then
     log "IQ2_XXS twin (importance matrix on docs/FORMAT.md)"
     "$bin/llama-imatrix" -m "$f16" -f docs/FORMAT.md -c 512 -t "$threads" -o "$cache/imatrix.gguf" >"$cache/imatrix.log" 2>&1 \

@@ -94,7 +94,7 @@
 #   gemma    Gemma-3-270M on this machine's CPU, llama-bench -t 2 (two CPUs
 #            of different cores), escha against its IQ2_XXS and Q4_K_M
 #            twins: tg128 in GEMMA_ROUNDS (6) rounds, the order reversed
-#            every other round, escha's avx512vbmi path too; then pp512 in
+#            every other round, escha's avx512vbmi path last in each; then pp512 in
 #            two rounds. The models rebuilt from the skeletons device-pack.sh
 #            packs (hip/gguf-skeleton.py: the same layout, random contents),
 #            as they are too large to carry. A CPU-only build is enough:
@@ -643,9 +643,10 @@ for step in "$@"; do
         grep -m1 'model name' /proc/cpuinfo
         grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx)' | tr '\n' ' '
         echo
+        # Rebuilt every time (about a second each): a model left from an
+        # earlier pack would be measured in place of this one's.
         for k in escha iq2_xxs q4_k_m; do
             f=$M/gemma-$k.gguf
-            [ -f "$f" ] && continue
             xz -dc .device/gemma/$k.skel.xz > "$M/gemma-$k.skel" || die "gemma: unpacking .device/gemma/$k.skel.xz failed"
             python3 hip/gguf-skeleton.py fill "$M/gemma-$k.skel" "$f" > "$out/gemma-fill-$k.log" 2>&1 \
                 || die "$f: rebuilding the model failed ($out/gemma-fill-$k.log)"
@@ -667,7 +668,8 @@ for step in "$@"; do
                     gbench -m "$M/gemma-$k.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
                 done
                 echo "escha on avx512vbmi:"
-                ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-escha failed"
+                ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 \
+                    || die "gemma: llama-bench of gemma-escha on avx512vbmi failed ($out/gemma.err)"
             done
             for r in 1 2; do
                 echo "== round $r, pp512"

@@ -40,19 +40,23 @@ tar -C "$tree" "${excl[@]}" --exclude='./.escha-synced-from' --exclude='*.gguf' 
 xz -T2 -6 -c "$lib" > .device/libescha_ggml_cpu.a.xz
 [ -x target/release/escha ] || { echo "no target/release/escha: run cargo build --release --features tools first" >&2; exit 1; }
 xz -T2 -6 -c target/release/escha > .device/escha.xz
-# Gemma-3-270M's models (examples/gemma-speed.sh), as headers for
-# device-bench.sh's gemma step to rebuild: the models are too large to carry.
+# Gemma-3-270M's models (examples/gemma-speed.sh, for this escha build), as
+# headers for device-bench.sh's gemma step to rebuild: the models are too
+# large to carry.
 rm -rf .device/gemma
-gemma=${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/gemma3-270m
-gemma_escha=$(ls -t "$gemma"/gemma-3-270m-escha-random-q4rest-*.gguf 2>/dev/null | head -n 1)
-if [ -n "$gemma_escha" ] && [ -f "$gemma/gemma-3-270m-iq2_xxs.gguf" ] && [ -f "$gemma/gemma-3-270m-q4_k_m.gguf" ]; then
+cache=${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/gemma3-270m escha=target/release/escha
+. scripts/lib/gemma.sh
+gemma_speed_models
+if [ -f "$speed" ] && [ -f "$iq2" ] && [ -f "$q4" ]; then
     mkdir -p .device/gemma
-    for k in escha:"$gemma_escha" iq2_xxs:"$gemma/gemma-3-270m-iq2_xxs.gguf" q4_k_m:"$gemma/gemma-3-270m-q4_k_m.gguf"; do
-        python3 hip/gguf-skeleton.py strip "${k#*:}" ".device/gemma/${k%%:*}.skel" >/dev/null
-        xz -T2 -6 -f ".device/gemma/${k%%:*}.skel"
+    for name_model in escha:"$speed" iq2_xxs:"$iq2" q4_k_m:"$q4"; do
+        name=${name_model%%:*}
+        python3 hip/gguf-skeleton.py strip "${name_model#*:}" ".device/gemma/$name.skel" >/dev/null
+        xz -T2 -6 -f ".device/gemma/$name.skel"
     done
 else
-    echo "no Gemma-3-270M models in $gemma (examples/gemma-speed.sh makes them): device-bench.sh's gemma step will not run" >&2
+    echo "no Gemma-3-270M models of this escha build in $cache (examples/gemma-speed.sh makes them):" \
+        "device-bench.sh's gemma step will not run" >&2
 fi
 rm -rf .device/gpu-mutants
 python3 tests/mutants.py --group gpu --emit-patches .device/gpu-mutants >/dev/null

