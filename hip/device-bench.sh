@@ -660,22 +660,27 @@ for step in "$@"; do
             CUDA_VISIBLE_DEVICES= ${pin:+taskset -c "$pin"} "$B/llama-bench" -ngl 0 -t 2 -r 3 -o md "$@" 2>> "$out/gemma.err" \
                 | grep -E 'pp512|tg128'
         }
-        order() { [ $(($1 % 2)) = 1 ] && echo escha iq2_xxs q4_k_m || echo q4_k_m iq2_xxs escha; }
+        # ground R LLAMA-BENCH-OPTIONS: round R of the three models, in
+        # order for odd R and reversed for even R.
+        ground() {
+            local r=$1 k models="escha iq2_xxs q4_k_m"
+            shift
+            [ $((r % 2)) = 1 ] || models="q4_k_m iq2_xxs escha"
+            for k in $models; do
+                gbench -m "$M/gemma-$k.gguf" "$@" || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
+            done
+        }
         {
             for r in $(seq "${GEMMA_ROUNDS:-6}"); do
                 echo "== round $r, tg128"
-                for k in $(order "$r"); do
-                    gbench -m "$M/gemma-$k.gguf" -p 0 -n 128 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
-                done
+                ground "$r" -p 0 -n 128
                 echo "escha on avx512vbmi:"
                 ESCHA_CPU_ISA=avx512vbmi gbench -m "$M/gemma-escha.gguf" -p 0 -n 128 \
                     || die "gemma: llama-bench of gemma-escha on avx512vbmi failed ($out/gemma.err)"
             done
             for r in 1 2; do
                 echo "== round $r, pp512"
-                for k in $(order "$r"); do
-                    gbench -m "$M/gemma-$k.gguf" -p 512 -n 0 || die "gemma: llama-bench of gemma-$k failed ($out/gemma.err)"
-                done
+                ground "$r" -p 512 -n 0
             done
         } | tee "$out/gemma.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "gemma: a run failed (above; $out/gemma.err)" ;;

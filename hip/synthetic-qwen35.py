@@ -341,17 +341,14 @@ class Gguf:
             out.write(b"GGUF" + struct.pack("<IQQ", 3, len(self.tensors), len(self.kv)))
             for key, vtype, val, sub in self.kv:
                 out.write(self._str(key) + struct.pack("<I", vtype) + self._val(vtype, val, sub))
+            placed = []  # (data offset, bytes, name, writer): each tensor's aligned place
             off = 0
-            for name, ne, ttype, nbytes, _ in self.tensors:
+            for name, ne, ttype, nbytes, writer in self.tensors:
                 out.write(self._str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
                           + struct.pack("<IQ", ttype, off))
+                placed.append((off, nbytes, name, writer))
                 off += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-            offs = []
-            off = 0
-            for name, _, _, nbytes, writer in self.tensors:
-                offs.append((off, nbytes, name, writer))
-                off += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-            write_data(out, ALIGN, offs)
+            write_data(out, ALIGN, placed)
 
 
 def write_data(out, align, tensors):
@@ -676,7 +673,7 @@ def main():
     ap.add_argument("--imatrix", help="also write a uniform importance matrix for the f16 twin")
     ap.add_argument("--shrink", type=int, default=1, help="divide every width by this (a quick functional check)")
     ap.add_argument("--rout", type=float, default=ROUT,
-                    help="every coded projection's rout (default 0.02; larger makes the layers matter to the logits)")
+                    help="every coded projection's rout (default %g; larger makes the layers matter to the logits)" % ROUT)
     ap.add_argument("--plain", choices=["q8_0", "f16"], default="q8_0",
                     help="the escha model's non-coded matrices: Q8_0 as the exports (default), or F16 with values "
                          "of magnitude 1/16..1/8, for logit comparisons (llama.cpp quantizes the activations in front "

