@@ -3,7 +3,7 @@
 # threads, batch 1 and 512, side by side in one run (docs/PERFORMANCE.md):
 #   examples/ops-threads.sh            # threads 1 and 2, two rounds
 #   OPS_THREADS="1 2 4" OPS_ROUNDS=1 OPS_ROWS=1 examples/ops-threads.sh
-#   OPS_ISAS="avx512fp16 avx512vbmi avx2" examples/ops-threads.sh   # escha's paths in turn (ESCHA_CPU_ISA)
+#   OPS_ISAS="amx avx512fp16 avx512vbmi avx2" examples/ops-threads.sh   # escha's paths in turn (ESCHA_CPU_ISA)
 # OPS_BIN is the folder of test-backend-ops (default: cargo's build;
 # hip/device-bench.sh's cpu step passes the GPU machine's).
 # test-backend-ops gives the CPU backend half of what
@@ -34,7 +34,8 @@ has_isa() {
         avx512) [[ $flags == *" avx512f "* ]] ;;
         avx512vbmi) [[ $flags == *" avx512vbmi "* && $flags == *" avx512_vbmi2 "* ]] ;;
         avx512fp16) [[ $flags == *" avx512_fp16 "* ]] ;;
-        *) echo "OPS_ISAS: unknown path $1 (best, scalar, avx2, avx512, avx512vbmi, avx512fp16)" >&2; exit 2 ;;
+        amx) [[ $flags == *" avx512_fp16 "* && $flags == *" amx_bf16 "* ]] ;; # and the OS's grant, which the kernels check
+        *) echo "OPS_ISAS: unknown path $1 (best, scalar, avx2, avx512, avx512vbmi, avx512fp16, amx)" >&2; exit 2 ;;
     esac
 }
 isas=()

@@ -566,6 +566,12 @@ decode_paths!(Avx512, "avx512f", values_avx512, tile_fma, 1.0, gemv, decode_rows
 // Rows of the FP16 path's GEMV: 1, as it was measured (no FP16 CPU here to time more).
 decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, 1);
 decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", values_vbmi, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi, GEMV_ROWS);
+// The AMX path's GEMV and tile decode: the FP16 path's, the GEMV for up to
+// AMX_GEMV_ROWS rows (an AMX tile takes 16 rows, so fewer pay for padding).
+decode_paths!(Avx512Amx, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_amx, decode_rows_amx, AMX_GEMV_ROWS);
+
+/// Rows up to which the AMX path takes the FP16 GEMV.
+const AMX_GEMV_ROWS: usize = 4;
 
 /// Rows up to which the GEMVs of the avx512 and avx512vbmi paths, decoding
 /// in registers, take a multiply instead of the batched product's decode

@@ -129,7 +129,19 @@ pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scra
     match (job.k, few) {
         (2, true) => T::gemv::<2>(job, mid),
         (3, true) => T::gemv::<3>(job, mid),
-        (2, false) => gemm::<T, 2>(job, mid, scratch),
+        _ => block_mid_batched::<T>(job, mid, scratch),
+    }
+}
+
+/// The batched product of one block on the ISA `T`, whatever the rows
+/// (`mid` zeroed by the caller).
+///
+/// # Safety
+/// [`block_mid`]'s 1. to 3.
+pub(crate) unsafe fn block_mid_batched<T: TileOps>(job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
+    // SAFETY: gemm's 1. to 3. are ours.
+    match job.k {
+        2 => gemm::<T, 2>(job, mid, scratch),
         _ => gemm::<T, 3>(job, mid, scratch),
     }
 }

@@ -10,7 +10,7 @@ use half::slice::HalfFloatSliceExt;
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512};
+use super::{amx, avx2, avx512};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 
@@ -25,13 +25,16 @@ pub enum Isa {
     Avx512Vbmi,
     /// AVX-512F with the codebook's f16 add in AVX-512 FP16.
     Avx512Fp16,
+    /// [`Isa::Avx512Fp16`] with the batched product on AMX-BF16 tiles
+    /// (Sapphire Rapids and later, where the OS grants tile data).
+    Amx,
     Neon,
     /// NEON with the codebook's f16 add in ARMv8.2-A FP16 arithmetic.
     NeonFp16,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 7] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vbmi, Isa::Avx512Fp16, Isa::Neon, Isa::NeonFp16];
+    pub const ALL: [Isa; 8] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vbmi, Isa::Avx512Fp16, Isa::Amx, Isa::Neon, Isa::NeonFp16];
 
     /// Whether this machine can run the path.
     pub fn available(self) -> bool {
@@ -52,6 +55,8 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => Isa::Avx512Vbmi.available() && is_x86_feature_detected!("avx512fp16"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512Fp16.available() && amx::available(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[cfg(target_arch = "aarch64")]
@@ -67,14 +72,14 @@ impl Isa {
     }
 
     /// The best available path, optionally capped by the environment
-    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512vbmi`, `avx512fp16`, `neon`, `neonfp16`).
+    /// variable `ESCHA_CPU_ISA` (`scalar`, `avx2`, `avx512`, `avx512vbmi`, `avx512fp16`, `amx`, `neon`, `neonfp16`).
     pub fn detect() -> Isa {
         if let Ok(name) = std::env::var("ESCHA_CPU_ISA") {
             if let Some(isa) = Isa::from_name(&name).filter(|i| i.available()) {
                 return isa;
             }
         }
-        [Isa::Avx512Fp16, Isa::Avx512Vbmi, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
+        [Isa::Amx, Isa::Avx512Fp16, Isa::Avx512Vbmi, Isa::Avx512, Isa::Avx2, Isa::NeonFp16, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
     }
 
     pub fn from_name(name: &str) -> Option<Isa> {
@@ -88,6 +93,7 @@ impl Isa {
             Isa::Avx512 => "avx512",
             Isa::Avx512Vbmi => "avx512vbmi",
             Isa::Avx512Fp16 => "avx512fp16",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
             Isa::NeonFp16 => "neonfp16",
         }
@@ -144,6 +150,8 @@ impl Kernel {
             Isa::Avx512Vbmi => avx512::Avx512Vbmi::GEMV_ROWS,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => avx512::Avx512Fp16::GEMV_ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => avx512::Avx512Amx::GEMV_ROWS,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => neon::Neon::GEMV_ROWS,
             #[cfg(target_arch = "aarch64")]
@@ -154,10 +162,7 @@ impl Kernel {
 
     /// `mid [rows, 128]` of one block (scratch from [`scratch_floats`]).
     pub(crate) fn block_mid(&self, job: &BlockJob, mid: &mut [f32], scratch: &mut [f32]) {
-        assert!(job.block * BLOCK_TILES < job.nt_n());
-        assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
-        assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);
-        assert!(job.tiles.0 < job.tiles.1 && job.tiles.1 <= BLOCK_TILES);
+        check_job(job, job.block..job.block + 1);
         assert!(
             job.tiles == ALL_TILES || self.isa == Isa::Scalar || job.rows.len() <= self.gemv_rows(),
             "a part of a block's tiles goes to the GEMV only"
@@ -176,6 +181,10 @@ impl Kernel {
             Isa::Avx512Vbmi => unsafe { batch::block_mid::<avx512::Avx512Vbmi>(job, mid, scratch) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => unsafe { batch::block_mid::<avx512::Avx512Fp16>(job, mid, scratch) },
+            // SAFETY: as above, and a Kernel of Isa::Amx exists only where
+            // amx::available() said yes (Isa::available).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => unsafe { amx::block_mid::<avx512::Avx512Amx>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => unsafe { batch::block_mid::<neon::Neon>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
@@ -197,8 +206,45 @@ impl Kernel {
         mut write: impl FnMut(usize, usize, &[f32]),
     ) {
         let m = job.rows.len();
-        let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
         let mut out = [0f32; BLOCK_COLS];
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Amx && job.tiles == ALL_TILES && m > self.gemv_rows() {
+            // AMX: up to amx::NB blocks a call, so that each row group's
+            // split inputs serve them all.
+            if blocks.is_empty() {
+                return;
+            }
+            check_job(&job, blocks.clone());
+            let mut start = blocks.start;
+            while start < blocks.end {
+                let end = blocks.end.min(start + amx::NB);
+                AMX_MIDS.with(|mids| {
+                    let mids = &mut *mids.borrow_mut();
+                    mids.clear();
+                    mids.resize((end - start) * m * BLOCK_COLS, 0.0);
+                    // SAFETY (blocks_mid's list): 1. a Kernel of Isa::Amx
+                    // exists only where the CPU and OS allow AMX, and
+                    // check_job passed for these blocks; 2. `mids` holds
+                    // every block's rows.
+                    let finite = unsafe { amx::blocks_mid::<avx512::Avx512Amx>(&job, start..end, mids) };
+                    for (bi, block) in (start..end).enumerate() {
+                        let mid = &mut mids[bi * m * BLOCK_COLS..(bi + 1) * m * BLOCK_COLS];
+                        if !finite {
+                            self.block_mid(&BlockJob { block, ..job }, mid, scratch);
+                        }
+                        let c0 = block * BLOCK_COLS;
+                        let cols = c0..c0 + BLOCK_COLS;
+                        for (i, &row) in job.rows.iter().enumerate() {
+                            finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], &rout_eff[cols.clone()], bias.map(|b| &b[cols.clone()]), &mut out);
+                            write(row, c0, &out);
+                        }
+                    }
+                });
+                start = end;
+            }
+            return;
+        }
+        let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
         for block in blocks {
             let c0 = block * BLOCK_COLS;
             let cols = c0..c0 + BLOCK_COLS;
@@ -210,6 +256,22 @@ impl Kernel {
             }
         }
     }
+}
+
+/// The checks every kernel's safety rests on: output blocks `blocks` lie
+/// inside OC, the code holds every tile, the rows lie inside `xh`, and the
+/// tiles are a range of a block.
+fn check_job(job: &BlockJob, blocks: Range<usize>) {
+    assert!(blocks.start < blocks.end && blocks.end * BLOCK_TILES <= job.nt_n());
+    assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
+    assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);
+    assert!(job.tiles.0 < job.tiles.1 && job.tiles.1 <= BLOCK_TILES);
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The AMX path's sums of up to `amx::NB` blocks (`Kernel::run_blocks`).
+    static AMX_MIDS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The output transform (+ bias) of one row's `mid` of one output block

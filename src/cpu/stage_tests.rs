@@ -79,6 +79,8 @@ fn simd_tile_decode_is_bit_exact() {
                     Isa::Avx512Vbmi => decode_all::<super::avx512::Avx512Vbmi>(shape, &code),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512Fp16 => decode_all::<super::avx512::Avx512Fp16>(shape, &code),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Amx => decode_all::<super::avx512::Avx512Amx>(shape, &code),
                     #[cfg(target_arch = "aarch64")]
                     Isa::Neon => decode_all::<super::neon::Neon>(shape, &code),
                     #[cfg(target_arch = "aarch64")]
@@ -98,10 +100,15 @@ fn simd_tile_decode_is_bit_exact() {
 /// `W [IC, OC]` read back through `Kernel::block_mid` on one-hot inputs,
 /// `per_call` rows per call (1: the GEMV; more: the batched product).
 fn one_hot_product(kernel: &Kernel, shape: LinearShape, code: &[i16], per_call: usize) -> Vec<f32> {
+    scaled_one_hot_product(kernel, shape, code, per_call, 1.0)
+}
+
+/// [`one_hot_product`] with `hot` in place of 1.0: `hot * W [IC, OC]`.
+fn scaled_one_hot_product(kernel: &Kernel, shape: LinearShape, code: &[i16], per_call: usize, hot: f32) -> Vec<f32> {
     let (ic, oc) = (shape.ic, shape.oc);
     let mut xh = vec![0f32; ic * ic];
     for i in 0..ic {
-        xh[xh_index(ic, i, i / TILE) + i % TILE] = 1.0;
+        xh[xh_index(ic, i, i / TILE) + i % TILE] = hot;
     }
     let mut w = vec![f32::NAN; ic * oc];
     let mut scratch = vec![0f32; scratch_floats(per_call)];
@@ -134,6 +141,30 @@ fn fused_decode_of_every_product_is_exact() {
                 let bad = got.iter().zip(&want).position(|(g, w)| *g != w.to_f32());
                 if let Some(i) = bad {
                     panic!("{stage}, {}: K={} {}x{}: W[{}][{}] read back as {:e}, the C reference has {:e}", isa.name(), shape.k, shape.ic, shape.oc, i / shape.oc, i % shape.oc, got[i], want[i].to_f32());
+                }
+            }
+        }
+    }
+}
+
+/// An infinite input (an f16 overflow of the input transform) gives what
+/// f32 arithmetic gives, `inf * w` (NaN where w is 0), on every path and
+/// row count: the AMX product, whose bf16 split of inf would be NaN, hands
+/// such calls to the FMA product.
+#[test]
+fn infinite_inputs_give_infinite_products() {
+    for isa in Isa::all_available() {
+        let kernel = Kernel::with_isa(isa).unwrap();
+        for (shape, code, w) in cases() {
+            for per_call in [1, 5, 17] {
+                let got = scaled_one_hot_product(&kernel, shape, &code, per_call, f32::INFINITY);
+                for (i, (g, w)) in got.iter().zip(&w).enumerate() {
+                    let want = f32::INFINITY * w.to_f32();
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "{}, {per_call} rows a call: K={} {}x{}: inf * W[{}][{}] = {g:e}, f32 gives {want:e}",
+                        isa.name(), shape.k, shape.ic, shape.oc, i / shape.oc, i % shape.oc
+                    );
                 }
             }
         }
