@@ -633,7 +633,7 @@ for step in "$@"; do
         grep -m1 'model name' /proc/cpuinfo
         grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx)' | tr '\n' ' '
         echo
-        OPS_BIN=$B OPS_ROWS=${OPS_ROWS:-1} OPS_ISAS=${OPS_ISAS:-avx512fp16 avx512vbmi avx2} OPS_ROUNDS=${OPS_ROUNDS:-2} \
+        OPS_BIN=$B OPS_ROWS=${OPS_ROWS:-1} OPS_ISAS=${OPS_ISAS:-amx avx512fp16 avx512vbmi avx2} OPS_ROUNDS=${OPS_ROUNDS:-2} \
             bash examples/ops-threads.sh 2>&1 | sed 's/,per=.*pad=0)/)/' | tee "$out/cpu.log" ;;
     gemma)
         # The CPU-speed issue's model goal on its machine type: the models
@@ -681,6 +681,10 @@ for step in "$@"; do
             for r in 1 2; do
                 echo "== round $r, pp512"
                 ground "$r" -p 512 -n 0
+                # The batched product without AMX tiles (where the default is amx).
+                echo "escha on avx512fp16:"
+                ESCHA_CPU_ISA=avx512fp16 gbench -m "$M/gemma-escha.gguf" -p 512 -n 0 \
+                    || die "gemma: llama-bench of gemma-escha on avx512fp16 failed ($out/gemma.err)"
             done
         } | tee "$out/gemma.log"
         [ "${PIPESTATUS[0]}" = 0 ] || die "gemma: a run failed (above; $out/gemma.err)" ;;
