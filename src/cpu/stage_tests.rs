@@ -95,6 +95,10 @@ fn simd_tile_decode_is_bit_exact() {
         }
     }
     eprintln!("decode stage: {tested} cases bit-exact on {:?}", Isa::all_available().iter().map(|i| i.name()).collect::<Vec<_>>());
+    let lacking: Vec<_> = Isa::ALL.iter().filter(|i| !i.available()).map(|i| i.name()).collect();
+    if !lacking.is_empty() {
+        println!("stage tests: skipped {lacking:?}, paths this CPU (or its OS) cannot run");
+    }
 }
 
 /// `W [IC, OC]` read back through `Kernel::block_mid` on one-hot inputs,
