@@ -563,22 +563,16 @@ unsafe fn values_vbmi<const K: usize>(t: &[__m512i; 2]) -> [[__m512; 8]; 2] {
 }
 
 decode_paths!(Avx512, "avx512f", values_avx512, tile_fma, 1.0, gemv, decode_rows, GEMV_ROWS);
-// Rows of the FP16 path's GEMV: 1, as it was measured (no FP16 CPU here to time more).
-decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, 1);
+decode_paths!(Avx512Fp16, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_fp16, decode_rows_fp16, GEMV_ROWS);
 decode_paths!(Avx512Vbmi, "avx512f,avx512bw,avx512vbmi,avx512vbmi2", values_vbmi, tile_fma_vbmi, F16_TO_F32_SCALE, gemv_vbmi, decode_rows_vbmi, GEMV_ROWS);
-// The AMX path's GEMV and tile decode: the FP16 path's, the GEMV for up to
-// AMX_GEMV_ROWS rows (an AMX tile takes 16 rows, so fewer pay for padding).
-decode_paths!(Avx512Amx, "avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512fp16", values_fp16, tile_fma_fp16, F16_TO_F32_SCALE, gemv_amx, decode_rows_amx, AMX_GEMV_ROWS);
-
-/// Rows up to which the AMX path takes the FP16 GEMV.
-const AMX_GEMV_ROWS: usize = 4;
 
 /// Rows up to which the GEMVs of the avx512 and avx512vbmi paths, decoding
 /// in registers, take a multiply instead of the batched product's decode
 /// to memory. On a Zen 5, one thread, 17408 -> 5120 K=2 (docs/PERFORMANCE.md):
 /// avx512vbmi 7.4, 8.0-8.4 and 9.4 ms at 2, 3 and 4 rows against the batched
 /// product's 14.4-15.8 ms (14.6 at 5 rows); avx512 10.4, 11.6-11.7 and 12.5
-/// against 14.7-15.7.
+/// against 14.7-15.7. The avx512fp16 path's likewise, on a Xeon, 5120 ->
+/// 17408 K=2: 7.7, 8.5 and 9.8 ms at 2, 3 and 4 rows against 19.7-23.8.
 const GEMV_ROWS: usize = 4;
 
 /// Local rows `i0..i0+R` times the `kc` decoded tile rows `dec`, two rows

@@ -151,7 +151,7 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Fp16 => avx512::Avx512Fp16::GEMV_ROWS,
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx => avx512::Avx512Amx::GEMV_ROWS,
+            Isa::Amx => amx::GEMV_ROWS,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => neon::Neon::GEMV_ROWS,
             #[cfg(target_arch = "aarch64")]
@@ -184,7 +184,7 @@ impl Kernel {
             // SAFETY: as above, and a Kernel of Isa::Amx exists only where
             // amx::available() said yes (Isa::available).
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx => unsafe { amx::block_mid::<avx512::Avx512Amx>(job, mid, scratch) },
+            Isa::Amx => unsafe { amx::block_mid::<avx512::Avx512Fp16>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => unsafe { batch::block_mid::<neon::Neon>(job, mid, scratch) },
             #[cfg(target_arch = "aarch64")]
@@ -226,7 +226,7 @@ impl Kernel {
                     // exists only where the CPU and OS allow AMX, and
                     // check_job passed for these blocks; 2. `mids` holds
                     // every block's rows.
-                    let finite = unsafe { amx::blocks_mid::<avx512::Avx512Amx>(&job, start..end, mids) };
+                    let finite = unsafe { amx::blocks_mid::<avx512::Avx512Fp16>(&job, start..end, mids) };
                     for (bi, block) in (start..end).enumerate() {
                         let mid = &mut mids[bi * m * BLOCK_COLS..(bi + 1) * m * BLOCK_COLS];
                         if !finite {

