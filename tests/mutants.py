@@ -263,7 +263,7 @@ MUTANTS = CUDA_KERNEL + [
       "stage_tests", "AVX-512 FP16 codebook one f16 ulp off for 1/256 of the states", needs="avx512_fp16"),
     M("avx512fp16-gemv-cb-ulp", "fast", "src/cpu/avx512.rs",
       "    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b))\n}",
-      "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(s, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
+      "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(lo, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
       "    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(_mm512_mask_xor_epi32(b, hit, b, _mm512_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX-512 FP16 GEMV codebook (the scaled bit trick) one f16 ulp off for 1/256 of the states", needs="avx512_fp16"),
     M("avx512-pair-src-halfword-order", "fast", "src/cpu/avx512.rs",
