@@ -5,25 +5,33 @@
 //! contract's products are f16 x f16 (11 significant bits each), so each
 //! operand is split exactly into a bf16 high part (its top 8 bits) and a
 //! bf16 low part (the other 3): `w x = wh xh + wh xl + wl xh + wl xl`, four
-//! exact products. Each of the four goes to its own accumulator over a
-//! chunk of inputs, and the four are then added to the running sum, so the
-//! error is at most (KB + 2 + chunks) u S (KB inputs a chunk, u = 2^-24, S
-//! the sum of |x w|), inside the summation-order bound `2 (IC - 1) u S`
-//! every SIMD path keeps (tests/common/mod.rs, docs/FORMAT.md) for every
-//! IC from 5. The splits have the same sign as their value, so S is the
-//! same for the split terms.
+//! exact products. The splits have the same sign as their value, so the
+//! four terms' magnitudes sum to `|x w|`. This needs `xh` to hold f16
+//! values, as the input transform makes it (the contract rounds it so).
+//!
+//! Accuracy: per chunk of KB inputs (256, or IC below that) each of the
+//! four is summed in its own f32 accumulator (`tdpbf16ps` rounds once per
+//! product, in two chains of the even and odd inputs that it then adds:
+//! the same count of roundings), the four are added smallest first, and
+//! that is added to the running sum: within `(KB + 1 + chunks) u S` of the
+//! exact sum (u = 2^-24, S the sum of |x w|), where an FMA order is within
+//! `(IC - 1) u S`. docs/FORMAT.md and tests/common/mod.rs take the larger.
 //!
 //! No subnormal arises (AMX flushes them): every product is 0 or at least
 //! 2^-48 in magnitude (f16's smallest step is 2^-24), and every partial sum
 //! is a multiple of 2^-48. A non-finite input (an f16 overflow in the input
-//! transform) would meet `inf - inf` in its split, so a call with one takes
-//! the FMA product instead.
+//! transform) would meet `inf - inf` in its split, so a row with one is
+//! summed by the FMA product instead (its sums, like every row's, do not
+//! depend on the other rows of the call).
 //!
 //! Loops: the inputs go in chunks of [`KB_TILES`] tile rows; each chunk's
 //! weights of up to [`NB`] output blocks are decoded once
 //! (`TileOps::decode_rows`) into bf16 tile pairs in AMX's pair-interleaved
 //! layout, then every group of 16 rows has its inputs split once and runs
-//! the blocks' output tiles, each in tile registers 0-3.
+//! the blocks' output tiles, each one asm block over the chunk's steps.
+//!
+//! Using AMX makes Linux save 8 KiB more state per thread on a signal, for
+//! the whole process once [`available`] has asked for it.
 
 use super::batch::{self, TileOps};
 use super::job::{BlockJob, BLOCK_COLS, BLOCK_TILES};
@@ -33,8 +41,8 @@ use core::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-/// Tile rows (16 inputs each) per chunk: the chunk's decoded weights, 8
-/// output tiles x 8 steps x 2 parts x 1 KiB = 128 KiB, stay in L2.
+/// Tile rows (16 inputs each) per chunk: a block's decoded weights of a
+/// chunk are 8 output tiles x 8 steps x 2 parts x 1 KiB = 128 KiB.
 const KB_TILES: usize = 16;
 /// `tdpbf16ps` steps (32 inputs) per chunk.
 const STEPS: usize = KB_TILES / 2;
@@ -132,8 +140,9 @@ const CONFIG: TileConfig = TileConfig {
 };
 
 /// Output blocks a call of [`blocks_mid`] takes at most: each row group's
-/// split inputs serve this many blocks. Their decoded weights (128 KiB a
-/// block) and sums (`rows * 512` bytes a block) stay in L2 at 512 rows.
+/// split inputs serve this many blocks (1 MiB of decoded weights a chunk;
+/// on a Xeon, 8 ran 5120 -> 17408 at 512 rows in 275 ms, 4 in 317, 16 in
+/// 392).
 pub(crate) const NB: usize = 8;
 
 /// Rows up to which the AMX path takes the GEMV (`T::GEMV_ROWS` rows a
@@ -144,8 +153,7 @@ pub(crate) const GEMV_ROWS: usize = 8;
 
 /// `mid [rows, 128]` += the rows of `job` times its block: up to
 /// [`GEMV_ROWS`] rows the GEMV (`T::GEMV_ROWS` rows a call: a row's sums
-/// do not depend on the others), above that the AMX product
-/// ([`blocks_mid`]), or the FMA product where an input is not finite.
+/// do not depend on the others), above that [`blocks_mid`].
 ///
 /// # Safety
 /// 1. The CPU supports the ISA of `T` (AVX-512 F and BW at least) and
@@ -165,44 +173,60 @@ pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scra
                 _ => T::gemv::<3>(&job, part),
             }
         }
-    } else if !blocks_mid::<T>(job, job.block..job.block + 1, mid) {
-        mid.fill(0.0);
-        // SAFETY: block_mid_batched's list is ours.
-        batch::block_mid_batched::<T>(job, mid, scratch);
+    } else {
+        // SAFETY: blocks_mid's list is ours, for the one block.
+        blocks_mid::<T>(job, job.block..job.block + 1, mid, scratch);
     }
 }
 
 /// `out [b - blocks.start][rows][128]` += the rows of `job` times output
 /// blocks `blocks` (at most [`NB`]; `job.block` is not read) on AMX tiles;
-/// false, and `out` partly summed, where an input is not finite.
-///
-/// Per chunk of inputs, four accumulators (tile registers 0-3) sum their
-/// products in input order, then are added, `((hh + hl) + lh) + ll`, to the
-/// running sum in `out`: (KB + 2 + chunks) u S of error at most, inside
-/// the bound (module docs) for every IC >= 5.
+/// a row with a non-finite input by the FMA product.
 ///
 /// # Safety
 /// 1. As [`block_mid`]'s, and every block of `blocks` is inside OC.
-/// 2. `out` holds `blocks.len() * job.rows.len() * 128` floats.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn blocks_mid<T: TileOps>(job: &BlockJob, blocks: core::ops::Range<usize>, out: &mut [f32]) -> bool {
-    match job.k {
-        2 => gemm::<T, 2>(job, blocks, out),
-        _ => gemm::<T, 3>(job, blocks, out),
+/// 2. `out` holds `blocks.len() * job.rows.len() * 128` floats, and
+///    `scratch` at least [`batch::DECODED_FLOATS`].
+pub(crate) unsafe fn blocks_mid<T: TileOps>(job: &BlockJob, blocks: core::ops::Range<usize>, out: &mut [f32], scratch: &mut [f32]) {
+    // SAFETY: gemm's list is ours.
+    let bad = match job.k {
+        2 => gemm::<T, 2>(job, blocks.clone(), out),
+        _ => gemm::<T, 3>(job, blocks.clone(), out),
+    };
+    if bad.is_empty() {
+        return;
+    }
+    // The rows with a non-finite input, again by the FMA product, whose
+    // sums of a row do not depend on the other rows of its call.
+    let m = job.rows.len();
+    let rows: Vec<usize> = bad.iter().map(|&i| job.rows[i]).collect();
+    let mut mid = vec![0f32; rows.len() * BLOCK_COLS];
+    for (bi, block) in blocks.enumerate() {
+        mid.fill(0.0);
+        // SAFETY: block_mid_batched's 1. is ours, 2.: the job's rows are
+        // a subset of a consistent job's, 3.: `mid` holds them.
+        batch::block_mid_batched::<T>(&BlockJob { rows: &rows, block, ..*job }, &mut mid, scratch);
+        for (j, &i) in bad.iter().enumerate() {
+            out[(bi * m + i) * BLOCK_COLS..][..BLOCK_COLS].copy_from_slice(&mid[j * BLOCK_COLS..][..BLOCK_COLS]);
+        }
     }
 }
 
-/// [`blocks_mid`] for a K known at compile time.
+/// The AMX product of [`blocks_mid`] for a K known at compile time; the
+/// local indices of the rows with a non-finite input, whose sums it leaves
+/// undefined.
 ///
 /// # Safety
-/// [`blocks_mid`]'s.
+/// [`blocks_mid`]'s 1., and `out` holds `blocks.len() * job.rows.len() * 128` floats.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, blocks: core::ops::Range<usize>, out: &mut [f32]) -> bool {
+unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, blocks: core::ops::Range<usize>, out: &mut [f32]) -> Vec<usize> {
     let m = job.rows.len();
     let nb = blocks.len();
-    assert!(nb <= NB && out.len() >= nb * m * BLOCK_COLS, "amx: {nb} blocks of {m} rows");
     let kt_n = job.kt_n();
-    debug_assert!(kt_n % 2 == 0, "IC is a multiple of 128");
+    assert!(nb <= NB && out.len() >= nb * m * BLOCK_COLS, "amx: {nb} blocks of {m} rows");
+    assert!(kt_n >= 2 && kt_n % 2 == 0, "amx: IC {} is not a multiple of 32", job.ic);
+    let groups = m.div_ceil(GROUP);
+    let mut bad = vec![0u16; groups]; // per row group, a bit per row
     let out = out.as_mut_ptr();
     BUFFERS.with(|buf| {
         let buf = &mut *buf.borrow_mut();
@@ -213,12 +237,12 @@ unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, blocks: core::ops::Ra
         // Tile pair (block bi, tile tl, step s): high part, then the low part's 16 lines.
         let bt = |bi: usize, tl: usize, s: usize| b.add(((bi * BLOCK_TILES + tl) * STEPS + s) * 2 * 16);
         // SAFETY: CONFIG is a valid palette-1 configuration (1.: the CPU
-        // has AMX and the process may use it).
-        asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
-        let mut finite = true;
+        // has AMX and the process may use it); it zeroes the tiles.
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG, out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+             out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _, options(nostack, readonly));
         let mut dec = [0f32; TILE_VALUES];
         let mut kb0 = 0;
-        while kb0 < kt_n && finite {
+        while kb0 < kt_n {
             let steps = STEPS.min((kt_n - kb0) / 2);
             for (bi, block) in blocks.clone().enumerate() {
                 for tl in 0..BLOCK_TILES {
@@ -231,32 +255,50 @@ unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, blocks: core::ops::Ra
                     }
                 }
             }
-            for g in 0..m.div_ceil(GROUP) {
+            for g in 0..groups {
                 // SAFETY: `a` holds STEPS * 2 tiles; the rows are the job's.
-                finite &= split_inputs(job, g, kb0, steps, a);
+                bad[g] |= split_inputs(job, g, kb0, steps, a);
                 let rows = GROUP.min(m - g * GROUP);
                 for bi in 0..nb {
                     for tl in 0..BLOCK_TILES {
-                        asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-                        for s in 0..steps {
-                            let (ah, al) = (a.add(s * 2 * 16), a.add((s * 2 + 1) * 16));
-                            let (bh, bl) = (bt(bi, tl, s), bt(bi, tl, s).add(16));
-                            // tmm0 += xh wh, tmm1 += xh wl, tmm2 += xl wh, tmm3 += xl wl
-                            asm!("tileloadd tmm4, [{ah} + {s}*1]", "tileloadd tmm5, [{al} + {s}*1]",
-                                 "tileloadd tmm6, [{bh} + {s}*1]", "tileloadd tmm7, [{bl} + {s}*1]",
-                                 "tdpbf16ps tmm0, tmm4, tmm6", "tdpbf16ps tmm1, tmm4, tmm7",
-                                 "tdpbf16ps tmm2, tmm5, tmm6", "tdpbf16ps tmm3, tmm5, tmm7",
-                                 ah = in(reg) ah, al = in(reg) al, bh = in(reg) bh, bl = in(reg) bl, s = in(reg) 64usize,
-                                 options(nostack, readonly));
-                        }
-                        let cs = TILE * 4;
-                        asm!("tilestored [{c0} + {s}*1], tmm0", "tilestored [{c1} + {s}*1], tmm1",
-                             "tilestored [{c2} + {s}*1], tmm2", "tilestored [{c3} + {s}*1], tmm3",
-                             c0 = in(reg) c, c1 = in(reg) c.add(GROUP * TILE), c2 = in(reg) c.add(2 * GROUP * TILE),
-                             c3 = in(reg) c.add(3 * GROUP * TILE), s = in(reg) cs, options(nostack));
+                        // One output tile over the chunk: tmm0 += xh wh,
+                        // tmm1 += xh wl, tmm2 += xl wh, tmm3 += xl wl; each
+                        // step's A and B pairs are 2 KiB apart, the low
+                        // part 1 KiB after the high; then the four stored
+                        // to `c` (1 KiB apart, rows of 64 bytes).
+                        // SAFETY: `a` and `bt(bi, tl, ..)` hold `steps`
+                        // tile pairs each and `c` four tiles (the buffers'
+                        // sizes above); the tiles are configured and only
+                        // this block uses them.
+                        asm!(
+                            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+                            "2:",
+                            "tileloadd tmm4, [{a} + {s}*1]",
+                            "tileloadd tmm6, [{b} + {s}*1]",
+                            "tileloadd tmm5, [{a} + {s}*1 + 1024]",
+                            "tileloadd tmm7, [{b} + {s}*1 + 1024]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tdpbf16ps tmm1, tmm4, tmm7",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            "add {a}, 2048",
+                            "add {b}, 2048",
+                            "dec {n}",
+                            "jnz 2b",
+                            "tilestored [{c} + {s}*1], tmm0",
+                            "tilestored [{c} + {s}*1 + 1024], tmm1",
+                            "tilestored [{c} + {s}*1 + 2048], tmm2",
+                            "tilestored [{c} + {s}*1 + 3072], tmm3",
+                            a = inout(reg) a => _, b = inout(reg) bt(bi, tl, 0) => _, n = inout(reg) steps => _,
+                            c = in(reg) c, s = in(reg) 64usize,
+                            out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+                            out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+                            options(nostack),
+                        );
                         for i in 0..rows {
                             let part = |p: usize| _mm512_load_ps(c.add(p * GROUP * TILE + i * TILE));
-                            let sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(part(0), part(1)), part(2)), part(3));
+                            // Smallest first: ll, then the cross terms, then hh.
+                            let sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(part(3), part(2)), part(1)), part(0));
                             let o = out.add((bi * m + g * GROUP + i) * BLOCK_COLS + tl * TILE);
                             _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), sum));
                         }
@@ -265,9 +307,10 @@ unsafe fn gemm<T: TileOps, const K: usize>(job: &BlockJob, blocks: core::ops::Ra
             }
             kb0 += 2 * steps;
         }
-        asm!("tilerelease", options(nostack, nomem));
-        finite
-    })
+        asm!("tilerelease", out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+             out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _, options(nostack, nomem));
+    });
+    (0..m).filter(|&i| bad[i / GROUP] & (1 << (i % GROUP)) != 0).collect()
 }
 
 /// The bf16 parts of f16-valued f32s: high = the top 16 bits (the value's
@@ -309,20 +352,21 @@ unsafe fn weights_to_pairs(dec: &[f32; TILE_VALUES], dst: *mut Line, half: usize
 /// Splits the inputs of row group `g` over the chunk's tile rows
 /// `kb0..kb0 + 2 * steps` into A tiles at `a` (`[step][part]`, 16 lines
 /// each: line i holds row i's 32 inputs of the step as bf16), rows past
-/// the job's as zeros. False if an input is not finite.
+/// the job's as zeros. Returns a bit per row of the group whose inputs
+/// here are not all finite.
 ///
 /// # Safety
 /// 1. The CPU supports AVX-512 F and BW.
 /// 2. `job` is consistent; `a` is valid for writes of `steps * 2` tiles.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn split_inputs(job: &BlockJob, g: usize, kb0: usize, steps: usize, a: *mut Line) -> bool {
+unsafe fn split_inputs(job: &BlockJob, g: usize, kb0: usize, steps: usize, a: *mut Line) -> u16 {
     // The high 16 bits of 32 dwords of two vectors, in order.
     let odd_words = _mm512_set_epi16(
         63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
     );
     let exp = _mm512_set1_epi32(0x7F80_0000);
-    let mut bad: __mmask16 = 0;
+    let mut bad = 0u16;
     for i in 0..GROUP {
         let q = g * GROUP + i;
         for s in 0..steps {
@@ -333,7 +377,9 @@ unsafe fn split_inputs(job: &BlockJob, g: usize, kb0: usize, steps: usize, a: *m
                 // Exponent all ones: inf or NaN.
                 let e0 = _mm512_and_si512(_mm512_castps_si512(x0), exp);
                 let e1 = _mm512_and_si512(_mm512_castps_si512(x1), exp);
-                bad |= _mm512_cmpeq_epi32_mask(e0, exp) | _mm512_cmpeq_epi32_mask(e1, exp);
+                if (_mm512_cmpeq_epi32_mask(e0, exp) | _mm512_cmpeq_epi32_mask(e1, exp)) != 0 {
+                    bad |= 1 << i;
+                }
                 let (h0, l0) = parts(x0);
                 let (h1, l1) = parts(x1);
                 (_mm512_permutex2var_epi16(h0, odd_words, h1), _mm512_permutex2var_epi16(l0, odd_words, l1))
@@ -344,5 +390,5 @@ unsafe fn split_inputs(job: &BlockJob, g: usize, kb0: usize, steps: usize, a: *m
             _mm512_store_si512(a.add((s * 2 + 1) * 16 + i) as *mut __m512i, lo);
         }
     }
-    bad == 0
+    bad
 }

@@ -225,13 +225,10 @@ impl Kernel {
                     // SAFETY (blocks_mid's list): 1. a Kernel of Isa::Amx
                     // exists only where the CPU and OS allow AMX, and
                     // check_job passed for these blocks; 2. `mids` holds
-                    // every block's rows.
-                    let finite = unsafe { amx::blocks_mid::<avx512::Avx512Fp16>(&job, start..end, mids) };
+                    // every block's rows, `scratch` the decoded tiles.
+                    unsafe { amx::blocks_mid::<avx512::Avx512Fp16>(&job, start..end, mids, scratch) };
                     for (bi, block) in (start..end).enumerate() {
                         let mid = &mut mids[bi * m * BLOCK_COLS..(bi + 1) * m * BLOCK_COLS];
-                        if !finite {
-                            self.block_mid(&BlockJob { block, ..job }, mid, scratch);
-                        }
                         let c0 = block * BLOCK_COLS;
                         let cols = c0..c0 + BLOCK_COLS;
                         for (i, &row) in job.rows.iter().enumerate() {
@@ -258,10 +255,11 @@ impl Kernel {
     }
 }
 
-/// The checks every kernel's safety rests on: output blocks `blocks` lie
-/// inside OC, the code holds every tile, the rows lie inside `xh`, and the
-/// tiles are a range of a block.
+/// The checks every kernel's safety rests on: IC is whole Hadamard blocks,
+/// output blocks `blocks` lie inside OC, the code holds every tile, the
+/// rows lie inside `xh`, and the tiles are a range of a block.
 fn check_job(job: &BlockJob, blocks: Range<usize>) {
+    assert!(job.ic > 0 && job.ic % BLOCK_COLS == 0, "IC {} is not a multiple of 128", job.ic);
     assert!(blocks.start < blocks.end && blocks.end * BLOCK_TILES <= job.nt_n());
     assert!(job.code.len() >= job.tile_offset(job.kt_n() - 1, job.nt_n() - 1) + 16 * job.k);
     assert!(job.rows.iter().all(|&r| r < job.n_xrows) && job.xh.len() >= job.n_xrows * job.ic);

@@ -38,8 +38,12 @@ pub fn ulp16(v: f64) -> f64 {
 
 /// Per-output bound on |y_a - y_b| for two evaluations of the contract that
 /// differ only in the f32 summation order of `mid` (derivation in
-/// docs/FORMAT.md, "Accuracy of SIMD paths"):
-///   |dmid[c]| <= 2 (IC-1) u S[c],  S[c] = sum_r |xh[r] W[r,c]|
+/// docs/FORMAT.md, "Accuracy of paths that sum in another order"): an
+/// order's sum is within (IC-1) u S[c] of the exact one, the AMX product's
+/// (four exact products per product, chunks of 256 inputs) within
+/// (min(IC, 256) + 1 + ceil(IC/256)) u S[c], so
+///   |dmid[c]| <= (IC-1 + max(IC-1, min(IC, 256) + 1 + ceil(IC/256))) u S[c],
+///   S[c] = sum_r |xh[r] W[r,c]|
 ///   D[c] = RS |rout_eff[c]| (sum_{c' in blk} |dmid[c']| + 14 u sum |mid|) (1 + 4u) + 4u |v[c]|
 ///   |y_a - y_b| <= D[c] + ulp16(|v[c]| + D[c])  (+ ulp16 of the biased value)
 pub fn order_bound(l: &Linear, x: &[f32], m: usize) -> Vec<f64> {
@@ -63,7 +67,9 @@ pub fn order_bound(l: &Linear, x: &[f32], m: usize) -> Vec<f64> {
         }
         for blk in 0..oc / 128 {
             let cols = blk * 128..(blk + 1) * 128;
-            let dmid: f64 = cols.clone().map(|c| 2.0 * (ic as f64 - 1.0) * u * s[c]).sum();
+            let amx = (ic.min(256) + 1 + ic.div_ceil(256)) as f64;
+            let n_err = ic as f64 - 1.0 + (ic as f64 - 1.0).max(amx);
+            let dmid: f64 = cols.clone().map(|c| n_err * u * s[c]).sum();
             let absmid: f64 = cols.clone().map(|c| mid[c].abs()).sum();
             let mut hm: Vec<f64> = cols.clone().map(|c| mid[c]).collect();
             h128_f64(&mut hm);
