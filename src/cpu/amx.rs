@@ -165,13 +165,9 @@ pub(crate) unsafe fn block_mid<T: TileOps>(job: &BlockJob, mid: &mut [f32], scra
     if job.rows.len() <= GEMV_ROWS {
         for (i, rows) in job.rows.chunks(T::GEMV_ROWS).enumerate() {
             let part = &mut mid[i * T::GEMV_ROWS * BLOCK_COLS..][..rows.len() * BLOCK_COLS];
-            let job = BlockJob { rows, ..*job };
-            // SAFETY: the GEMV's 1. and 2. are ours, 3.: 1 to
-            // T::GEMV_ROWS rows (a chunk of a non-empty list).
-            match job.k {
-                2 => T::gemv::<2>(&job, part),
-                _ => T::gemv::<3>(&job, part),
-            }
+            // SAFETY: batch::block_mid's list is ours for the chunk's rows;
+            // 1 to T::GEMV_ROWS of them, so it takes the GEMV.
+            batch::block_mid::<T>(&BlockJob { rows, ..*job }, part, scratch);
         }
     } else {
         // SAFETY: blocks_mid's list is ours, for the one block.

@@ -206,7 +206,6 @@ impl Kernel {
         mut write: impl FnMut(usize, usize, &[f32]),
     ) {
         let m = job.rows.len();
-        let mut out = [0f32; BLOCK_COLS];
         #[cfg(target_arch = "x86_64")]
         if self.isa == Isa::Amx && job.tiles == ALL_TILES && m > self.gemv_rows() {
             // AMX: up to amx::NB blocks a call, so that each row group's
@@ -229,12 +228,7 @@ impl Kernel {
                     unsafe { amx::blocks_mid::<avx512::Avx512Fp16>(&job, start..end, mids, scratch) };
                     for (bi, block) in (start..end).enumerate() {
                         let mid = &mut mids[bi * m * BLOCK_COLS..(bi + 1) * m * BLOCK_COLS];
-                        let c0 = block * BLOCK_COLS;
-                        let cols = c0..c0 + BLOCK_COLS;
-                        for (i, &row) in job.rows.iter().enumerate() {
-                            finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], &rout_eff[cols.clone()], bias.map(|b| &b[cols.clone()]), &mut out);
-                            write(row, c0, &out);
-                        }
+                        finish_rows(job.rows, block, mid, rout_eff, bias, &mut write);
                     }
                 });
                 start = end;
@@ -243,15 +237,23 @@ impl Kernel {
         }
         let (mid, rest) = scratch.split_at_mut(m * BLOCK_COLS);
         for block in blocks {
-            let c0 = block * BLOCK_COLS;
-            let cols = c0..c0 + BLOCK_COLS;
-            let (rout_blk, bias_blk) = (&rout_eff[cols.clone()], bias.map(|b| &b[cols]));
             self.block_mid(&BlockJob { block, ..job }, mid, rest);
-            for (i, &row) in job.rows.iter().enumerate() {
-                finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], rout_blk, bias_blk, &mut out);
-                write(row, c0, &out);
-            }
+            finish_rows(job.rows, block, mid, rout_eff, bias, &mut write);
         }
+    }
+}
+
+/// Output block `block` of `rows` from their sums `mid [rows, 128]`
+/// (consumed): each row's output transform (+ bias) to `write(row, col0,
+/// vals)`; `rout_eff` and `bias` are all OC columns'.
+fn finish_rows(rows: &[usize], block: usize, mid: &mut [f32], rout_eff: &[f32], bias: Option<&[f32]>, write: &mut impl FnMut(usize, usize, &[f32])) {
+    let c0 = block * BLOCK_COLS;
+    let cols = c0..c0 + BLOCK_COLS;
+    let (rout_blk, bias_blk) = (&rout_eff[cols.clone()], bias.map(|b| &b[cols]));
+    let mut out = [0f32; BLOCK_COLS];
+    for (i, &row) in rows.iter().enumerate() {
+        finish_block(&mut mid[i * BLOCK_COLS..(i + 1) * BLOCK_COLS], rout_blk, bias_blk, &mut out);
+        write(row, c0, &out);
     }
 }
 
