@@ -266,6 +266,9 @@ MUTANTS = CUDA_KERNEL + [
       "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(lo, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
       "    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(_mm512_mask_xor_epi32(b, hit, b, _mm512_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX-512 FP16 GEMV codebook (the scaled bit trick) one f16 ulp off for 1/256 of the states", needs="avx512_fp16"),
+    M("avx512fp16-gemv-low-half-unsigned", "fast", "src/cpu/avx512.rs",
+      "_mm512_madd_epi16(v, _mm512_set1_epi32(LOW_HALF_MADD))", "_mm512_slli_epi32::<13>(v)",
+      "stage_tests", "AVX-512 FP16 GEMV: value 2p moved by a plain shift, its sign taken from the odd value's bits", needs="avx512_fp16"),
     M("avx512-pair-src-halfword-order", "fast", "src/cpu/avx512.rs",
       "idx[4 * q + slot] = (((h0 + 3 - slot) % nh) ^ 1) as i16;", "idx[4 * q + slot] = ((h0 + 3 - slot) % nh) as i16;",
       "stage_tests", "AVX-512 VBMI / FP16 GEMVs: the lane pairs' code gathered in int16 order, not code order (high half of each word first)", needs="avx512_vbmi2"),
