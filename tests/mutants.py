@@ -49,6 +49,7 @@ SHIMS = ["cargo", "test", "--release", "--features", "shims"]
 
 CHECKS = {
     "stage_tests": RUST + ["--lib", "stage_tests"],
+    "huge_pages": RUST + ["--lib", "huge_pages"],
     "codec": RUST + ["--test", "codec"],
     "transforms": RUST + ["--test", "transforms"],
     "linear": RUST + ["--test", "linear"],
@@ -266,6 +267,12 @@ MUTANTS = CUDA_KERNEL + [
       "    let hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(lo, _mm512_set1_epi32(255)), _mm512_set1_epi32(90));\n"
       "    (_mm512_castsi512_ps(a), _mm512_castsi512_ps(_mm512_mask_xor_epi32(b, hit, b, _mm512_set1_epi32(1 << 13))))\n}",
       "stage_tests", "AVX-512 FP16 GEMV codebook (the scaled bit trick) one f16 ulp off for 1/256 of the states", needs="avx512_fp16"),
+    M("huge-pages-outward", "fast", "src/ffi/huge_pages.rs",
+      "let lo = start.checked_add(HUGE - 1)? & !(HUGE - 1);", "let lo = start & !(HUGE - 1);",
+      "huge_pages", "the huge-page request rounds its start down, past the weight's first byte"),
+    M("huge-pages-every-call", "fast", "src/ffi/huge_pages.rs",
+      "if !seen.get_or_insert_with(HashSet::new).insert(start) {", "if seen.get_or_insert_with(HashSet::new).insert(start) && false {",
+      "huge_pages", "a weight's huge pages requested on every call, not once"),
     M("avx512fp16-gemv-low-half-unsigned", "fast", "src/cpu/avx512.rs",
       "_mm512_madd_epi16(v, _mm512_set1_epi32(LOW_HALF_MADD))", "_mm512_slli_epi32::<13>(v)",
       "stage_tests", "AVX-512 FP16 GEMV: value 2p moved by a plain shift, its sign taken from the odd value's bits", needs="avx512_fp16"),

@@ -6,6 +6,7 @@
 //! shapes were asserted by the op constructors, and are checked again here
 //! before any slice is formed.
 
+use super::huge_pages;
 use crate::cpu::engine::one_row_tail;
 use crate::cpu::{scratch_floats, CpuEngine, ExpertGroups, Kernel, Slots, BLOCK_COLS};
 use crate::reference::Moe;
@@ -276,6 +277,10 @@ unsafe fn forward(d: &EschaOpDesc, phase: i32, ith: i32, nth: i32, wdata: *mut u
     let (ith, nth) = (ith as usize, nth as usize);
     // SAFETY: view's 1. and 2. are our 1.
     let v = view(d)?;
+    if ith == 0 && phase <= 1 {
+        // Once per weight; the other threads read it meanwhile (same bytes).
+        huge_pages::advise_once(bytemuck::cast_slice(v.moe.code));
+    }
     let engine = CpuEngine::new_unchecked(&v.moe, kernel());
     let n = v.slots.len();
     let ic = d.ic as usize;
