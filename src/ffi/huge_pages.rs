@@ -11,7 +11,7 @@
 //! Collapsing copies the weight once, on its first call. The contents
 //! never change. `ESCHA_CPU_HUGE_PAGES=0` turns it off.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::{Mutex, OnceLock};
 
 /// The huge page size collapsed to (x86-64 and arm64 with 4 KiB pages).
@@ -46,13 +46,9 @@ fn enabled() -> bool {
 /// The first time `bytes` (by its address) is seen: asks for huge pages
 /// under it and says what came of it; `None` on every later call.
 pub fn advise_once(bytes: &[u8]) -> Option<Advice> {
-    static SEEN: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-    let start = bytes.as_ptr() as usize;
-    {
-        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-        if !seen.get_or_insert_with(HashSet::new).insert(start) {
-            return None;
-        }
+    static SEEN: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+    if !SEEN.lock().unwrap_or_else(|e| e.into_inner()).insert(bytes.as_ptr() as usize) {
+        return None;
     }
     Some(if enabled() { advise(bytes) } else { Advice::Off })
 }
