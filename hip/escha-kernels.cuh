@@ -1034,6 +1034,28 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
     const escha_group & g = work.g;
 
+    // The lane's code words at tile row kt: q[i] + w * W for tile column
+    // nt0 + w (compile-time offsets from one pointer per word).
+    constexpr int NW = 2;
+    const uint32_t * q[NW];
+    q[0] = work.code + kt_begin * work.kt_stride + lb.w0;
+    q[1] = work.code + kt_begin * work.kt_stride + lb.d1;
+    auto load_code = [&](escha_lane_words<K> (&cw)[NTW]) {
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                cw[w].t[i] = __ldg(q[i] + w * W);
+            }
+        }
+    };
+    escha_lane_words<K> cw[NTW];
+    const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
+    // The fused kernel's first tile row of code is in flight while it
+    // computes its xh below (its loads and Hadamard), not after.
+    if (FUSED && any) {
+        load_code(cw);
+    }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
     // output columns that are never stored, and no load is predicated. The
@@ -1050,8 +1072,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
                 half h[4];
                 escha_xh_lane(a.rows, a.v, g.row(i), kt_begin * 16 + b * 128 + lane * 4, lane, h);
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    xs[i * CH + b * 128 + lane * 4 + q] = h[q];
+                for (int u = 0; u < 4; u++) {
+                    xs[i * CH + b * 128 + lane * 4 + u] = h[u];
                 }
             }
         }
@@ -1059,21 +1081,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         const int slot = lane / 4;
         xr[0] = xs + (slot < g.count ? slot : 0) * CH + kq;
     }
-    // The lane's code words at tile row kt: q[i] + w * W for tile column
-    // nt0 + w (compile-time offsets from one pointer per word).
-    constexpr int NW = 2;
-    const uint32_t * q[NW];
-    q[0] = work.code + kt_begin * work.kt_stride + lb.w0;
-    q[1] = work.code + kt_begin * work.kt_stride + lb.d1;
-    auto load_code = [&](escha_lane_words<K> (&cw)[NTW]) {
-#pragma unroll
-        for (int w = 0; w < NTW; w++) {
-#pragma unroll
-            for (int i = 0; i < NW; i++) {
-                cw[w].t[i] = __ldg(q[i] + w * W);
-            }
-        }
-    };
     auto load_x = [&](uint32_t (&X)[NB][2]) {
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
@@ -1094,9 +1101,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
     }
     uint32_t X[NB][2];
-    escha_lane_words<K> cw[NTW];
-    const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
-    if (any) {
+    if (!FUSED && any) {
         load_code(cw);
     }
     if (early) {
