@@ -1051,9 +1051,10 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     };
     escha_lane_words<K> cw[NTW];
     const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
-    // The fused kernel's first tile row of code is in flight while it
-    // computes its xh below (its loads and Hadamard), not after.
-    if (FUSED && any) {
+    // The first tile row of code goes out here: the fused kernel computes
+    // its xh below (its loads and Hadamard) while it is in flight, and an
+    // early dense op loads it before the wait for its input transform.
+    if (any) {
         load_code(cw);
     }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
@@ -1101,9 +1102,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
     }
     uint32_t X[NB][2];
-    if (!FUSED && any) {
-        load_code(cw);
-    }
     if (early) {
         escha_kernel_begin(); // xh is complete from here
     }
