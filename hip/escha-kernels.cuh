@@ -728,6 +728,14 @@ struct escha_mm_args {
     const uint32_t * pair_code;
     const half     * pair_xh;
     float          * pair_mid;
+    // The fused kernel only (escha.cu's graph fusion of a MoE gate_up op
+    // with the SWIGLU of its two halves): glu[r][OC / 2] = silu(gate) * up,
+    // the gate the first half of a row's outputs (the second with
+    // glu_gate_hi); glu_arrive: per group and 128 of those outputs, the
+    // halves done (as arrive, 0 before and after). nullptr: no SWIGLU.
+    float          * glu;
+    unsigned       * glu_arrive;
+    bool             glu_gate_hi;
 };
 
 #if defined(ESCHA_HAVE_MMA) && defined(ESCHA_CUDA_SHIM)
@@ -1012,7 +1020,11 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // arrive; the last of the warps that share them (2 per IC split, all
 // splits) applies the output transform, and puts mid and the count back
 // to 0 for the next op. The xh redundancy (one per warp) is small next to
-// the decode at these row counts.
+// the decode at these row counts. With a.glu (OC / 2 a multiple of 128),
+// the last warp of a 128-output group of one half also counts its group's
+// outputs stored in glu_arrive, and the second of a gate group and its up
+// group (OC / 2 apart) writes their SWIGLU, which then needs no kernel of
+// its own.
 template <int K, int NTW, int NB, bool FUSED = false>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
@@ -1208,6 +1220,40 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
         if (lane == 0) {
             *count = 0;
+        }
+        if (a.glu == nullptr) {
+            return;
+        }
+        // The SWIGLU: this group's outputs are in dst (the fence makes them
+        // visible to the other group's last warp) before the pair's count goes
+        // up; the second to count reads both halves back from L2.
+        __threadfence();
+        escha_syncwarp();
+        const int n_half = a.OC / 2;
+        const int pair   = o128 % (n_half / 128);
+        unsigned * both  = a.glu_arrive + z * (n_half / 128) + pair;
+        unsigned first = 0;
+        if (lane == 0) {
+            first = atomicAdd(both, 1u);
+        }
+        first = __shfl_sync(0xFFFFFFFF, first, 0, ESCHA_LANES);
+        if (first == 0) {
+            return;
+        }
+        __threadfence();
+        const int j0 = pair * 128 + lane * 4;
+        const int gate0 = a.glu_gate_hi ? n_half : 0, up0 = n_half - gate0;
+        for (int i = 0; i < g.n_out; i++) {
+            const int64_t r = g.out_row(i);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float gv = __ldcg(a.dst + r * a.OC + gate0 + j0 + q);
+                const float uv = __ldcg(a.dst + r * a.OC + up0 + j0 + q);
+                a.glu[r * n_half + j0 + q] = escha_silu(gv) * uv;
+            }
+        }
+        if (lane == 0) {
+            *both = 0;
         }
     }
 #else
