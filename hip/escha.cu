@@ -202,11 +202,10 @@ static bool escha_fused_state(const int device, cudaStream_t stream, const size_
 }
 
 // The fused kernel's state for op's plan: mid for its rows, and arrival
-// counts per group and 128 outputs, twice over (the second half: a
-// SWIGLU's, escha_mm_args.glu_arrive).
+// counts per group and 128 outputs.
 static bool escha_fused_state_of(const int device, cudaStream_t stream, const escha_op & op, const escha_cuda_plan & plan,
                                  float *& mid, unsigned *& arrive) {
-    return escha_fused_state(device, stream, (size_t) (op.n_slots * op.oc), (size_t) (2 * plan.n_z * (op.oc / 128)), mid, arrive);
+    return escha_fused_state(device, stream, (size_t) (op.n_slots * op.oc), (size_t) (plan.n_z * (op.oc / 128)), mid, arrive);
 }
 #endif // the fused kernel runs on the mma path, never on HIP
 
@@ -319,7 +318,8 @@ struct escha_fusion {
     bool             has_next = false;
     escha_op         next;
     // A MoE op on the fused kernel: the SWIGLU of its output's two halves,
-    // written here (escha_mm_args.glu; nullptr: none).
+    // written here in place of the op's output (escha_mm_args.glu;
+    // nullptr: none).
     float          * glu = nullptr;
     bool             glu_gate_hi = false;
 };
@@ -567,11 +567,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     a.n_x      = (int) plan.n_x;
     a.mode     = plan.mode;
     a.code_early = plan.code_early && early;
-    if (fu.glu) {
-        a.glu         = fu.glu;
-        a.glu_arrive  = fused_arrive + plan.n_z * (OC / 128);
-        a.glu_gate_hi = fu.glu_gate_hi;
-    }
+    a.glu         = fu.glu;
+    a.glu_gate_hi = fu.glu_gate_hi;
     if (pair) {
         a.pair_x    = a.n_x * plan.n_z;
         a.pair_code = (const uint32_t *) fu.second->code->data;
@@ -832,10 +829,11 @@ static bool escha_epilogue_at(const ggml_cgraph * cgraph, const int i, const int
 // and up, OC / 2 apart, each a whole number of 128-blocks) are viewed as
 // nodes i + 1 and i + 2 and taken by SWIGLU at node i + 3, as llama.cpp's
 // MoE FFN builds a merged gate_up (swiglu_split of the two views): a
-// parsed, gate_hi set when the gate is the second half. The SWIGLU's output
-// must not overlap what the kernel reads or writes before its last warps
-// write it (x, ids, the op's output): other blocks of the same launch may
-// still read or write those.
+// parsed, gate_hi set when the gate is the second half. Nothing else may
+// read the op's output (the fused kernel then writes only the SWIGLU's),
+// and the SWIGLU's output must not overlap what the kernel reads (x, ids):
+// other blocks of the launch may still read those when the first last
+// warp writes it.
 static bool escha_moe_glu_at(const ggml_cgraph * cgraph, const int i, escha_op & a, bool & gate_hi) {
     const ggml_tensor * n0 = cgraph->nodes[i];
     char err[256];
@@ -861,7 +859,7 @@ static bool escha_moe_glu_at(const ggml_cgraph * cgraph, const int i, escha_op &
     if (glu->op != GGML_OP_GLU || ggml_get_glu_op(glu) != GGML_GLU_OP_SWIGLU || !(glu->flags & GGML_TENSOR_FLAG_COMPUTE) ||
         ggml_get_op_params_i32(glu, 1) != 0 || !((glu->src[0] == v1 && glu->src[1] == v2) || (glu->src[0] == v2 && glu->src[1] == v1)) ||
         !escha_like_output(glu, a.n_slots * a.oc / 2) || !ggml_are_same_shape(glu, v1) || escha_overlaps(glu, a.x) ||
-        escha_overlaps(glu, a.ids) || escha_overlaps(glu, n0)) {
+        escha_overlaps(glu, a.ids)) {
         return false;
     }
     gate_hi = glu->src[0]->view_offs != 0;

@@ -263,8 +263,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     half  * xh1  = xh.data() + (ops - 1) * n_rows * IC;
     float * mid1 = mid.data() + (ops - 1) * n_rows * OC;
     const escha_vecs v1 = pair ? fu.v1 : v;
-    // As escha.cu: the counts per group and 128 outputs, then the SWIGLU's.
-    std::vector<unsigned> arrive(fused ? (size_t) (2 * plan.n_z * (OC / 128)) : 0, 0u);
+    std::vector<unsigned> arrive(fused ? (size_t) plan.n_z * (OC / 128) : 0, 0u);
     if (!fused && !fu.own_xh) {
         // As escha.cu: mid is zeroed only where the multiply sums into it
         // (and always for the ops run ahead).
@@ -299,7 +298,6 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         a.mblocks = plan.mblocks;
         a.code_early = plan.code_early;
         a.glu         = fu.glu;
-        a.glu_arrive  = arrive.data() + (fused ? plan.n_z * (OC / 128) : 0);
         a.glu_gate_hi = fu.glu_gate_hi;
         ksplit     = std::max(1, std::min(ksplit, a.KT));
         a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);

@@ -719,10 +719,11 @@ impl CudaShim {
     /// SWIGLU of its output's two halves (llama.cpp's merged gate_up): the
     /// kernel's SWIGLU output is silu(gate) * up bit for bit, computed here
     /// in f32 as ggml-cuda's SWIGLU kernel does from the op's outputs run
-    /// without the fusion, with the gate either half; the op's own outputs
-    /// are unchanged, a slot with a bad id comes out NaN, and the kernel
-    /// leaves its state (sums, both kinds of counts) at zero. Both fused
-    /// grids (4 and 2 tiles a warp), IC split or not, 1 and 3 tokens.
+    /// without the fusion, with the gate either half (the op's own outputs,
+    /// which nothing else reads then, are not written); a slot with a bad
+    /// id comes out NaN, and the kernel leaves its state (sums, counts) at
+    /// zero. Both fused grids (4 and 2 tiles a warp), IC split or not, 1
+    /// and 3 tokens.
     pub fn moe_swiglu_fusion_matches_its_nodes(&self) {
         if self.simt_only {
             eprintln!("{}: the MoE SWIGLU fusion skipped: this build runs no fused kernel (escha.cu fuses it on CUDA only)", self.name);
@@ -756,9 +757,6 @@ impl CudaShim {
                         };
                         assert_ne!(rc, FUSED_STATE_LEFT, "{what}: the fused kernel left mid or a count nonzero");
                         assert_eq!(rc, 0, "{what}: rejected");
-                        for i in 0..slots * d.oc {
-                            assert_eq!(y[i].to_bits(), plain[i].to_bits(), "{what}: op output {i} changed by the fusion");
-                        }
                         for s in 0..slots {
                             let (g0, u0) = if gate_hi == 1 { (half, 0) } else { (0, half) };
                             for j in 0..half {
