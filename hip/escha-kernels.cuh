@@ -1229,16 +1229,27 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             const int gate0 = (a.glu_gate_hi ? n_half : 0) + j0, up0 = (a.glu_gate_hi ? 0 : n_half) + j0;
             for (int i = 0; i < g.n_out; i++) {
                 const int64_t r = g.out_row(i);
+                // Both halves' loads together (one round trip for the sums
+                // and the expert, one for its vectors), then both transforms.
                 float mg[4], mu[4], yg[4], yu[4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     mg[q] = __ldcg(work.mid + r * a.OC + gate0 + q);
                     mu[q] = __ldcg(work.mid + r * a.OC + up0 + q);
+                }
+                int e;
+                bool bad;
+                a.rows.row(r, e, bad);
+                float rg[4], bg[4], ru[4], bu[4];
+                escha_rout_eff(a.v, e, gate0, rg, bg);
+                escha_rout_eff(a.v, e, up0, ru, bu);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
                     work.mid[r * a.OC + gate0 + q] = 0.0f;
                     work.mid[r * a.OC + up0 + q]   = 0.0f;
                 }
-                escha_out_row(a.rows, a.v, mg, r, gate0, lane, yg);
-                escha_out_row(a.rows, a.v, mu, r, up0, lane, yu);
+                escha_out_values(a.v, mg, rg, bg, bad, lane, yg);
+                escha_out_values(a.v, mu, ru, bu, bad, lane, yu);
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     a.glu[r * n_half + j0 + q] = escha_silu(yg[q]) * yu[q];
