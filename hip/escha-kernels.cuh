@@ -728,13 +728,6 @@ struct escha_mm_args {
     const uint32_t * pair_code;
     const half     * pair_xh;
     float          * pair_mid;
-    // The fused kernel only (escha.cu's graph fusion of a MoE gate_up op
-    // with the SWIGLU of its two halves): glu[r][OC / 2] = silu(gate) * up,
-    // the gate the first half of a row's outputs (the second with
-    // glu_gate_hi), written in place of dst; arrive then counts per group
-    // and 128 outputs of a half. nullptr: no SWIGLU.
-    float          * glu;
-    bool             glu_gate_hi;
 };
 
 #if defined(ESCHA_HAVE_MMA) && defined(ESCHA_CUDA_SHIM)
@@ -1019,11 +1012,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 // arrive; the last of the warps that share them (2 per IC split, all
 // splits) applies the output transform, and puts mid and the count back
 // to 0 for the next op. The xh redundancy (one per warp) is small next to
-// the decode at these row counts. With a.glu (OC / 2 a multiple of 128),
-// a gate group and its up group (OC / 2 apart) share their count, and the
-// last warp of both applies both output transforms and writes their
-// SWIGLU, which then needs no kernel of its own (the op's own outputs are
-// not written: escha.cu fuses only an op that nothing else reads).
+// the decode at these row counts.
 template <int K, int NTW, int NB, bool FUSED = false>
 static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const escha_mm_args a) {
 #ifdef ESCHA_GEMV_MMA
@@ -1191,70 +1180,31 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     }
     if constexpr (FUSED) {
         // Arrive: this warp's sums are in mid (the fence makes them visible
-        // to whichever warp comes last) before its count goes up. With a
-        // SWIGLU, a gate group and its up group (OC / 2 apart) share one count.
+        // to whichever warp comes last) before its count goes up.
         __threadfence();
         escha_syncwarp();
         const int64_t z = work.bx / a.n_x;
         const int o128 = nt0 / 8; // the 128 outputs this warp's 16 * NTW are part of
-        const int n_count = a.glu ? a.OC / 256 : a.OC / 128;
-        const int c = o128 % n_count;
-        unsigned * count = a.arrive + z * n_count + c;
+        unsigned * count = a.arrive + z * (a.OC / 128) + o128;
         unsigned before = 0;
         if (lane == 0) {
             before = atomicAdd(count, 1u);
         }
         before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
-        if (before + 1 != (a.glu ? 2 : 1) * (8 / NTW) * gridDim.y) {
+        if (before + 1 != (8 / NTW) * gridDim.y) {
             return;
         }
         __threadfence(); // every other warp's sums, read from L2 (__ldcg: not this SM's L1)
-        if (a.glu == nullptr) {
-            const int o0 = o128 * 128 + lane * 4;
-            for (int i = 0; i < g.n_out; i++) {
-                const int64_t r = g.out_row(i);
-                float m[4];
+        const int o0 = o128 * 128 + lane * 4;
+        for (int i = 0; i < g.n_out; i++) {
+            const int64_t r = g.out_row(i);
+            float m[4];
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    m[q] = __ldcg(work.mid + r * a.OC + o0 + q);
-                    work.mid[r * a.OC + o0 + q] = 0.0f;
-                }
-                escha_out_lane(a.rows, a.v, m, r, o0, lane, a.OC, a.dst);
+            for (int q = 0; q < 4; q++) {
+                m[q] = __ldcg(work.mid + r * a.OC + o0 + q);
+                work.mid[r * a.OC + o0 + q] = 0.0f;
             }
-        } else {
-            // Both groups' output transforms, then the SWIGLU of their
-            // outputs, all the op's output the graph reads (escha.cu).
-            const int n_half = a.OC / 2;
-            const int j0 = c * 128 + lane * 4;
-            const int gate0 = (a.glu_gate_hi ? n_half : 0) + j0, up0 = (a.glu_gate_hi ? 0 : n_half) + j0;
-            for (int i = 0; i < g.n_out; i++) {
-                const int64_t r = g.out_row(i);
-                // Both halves' loads together (one round trip for the sums
-                // and the expert, one for its vectors), then both transforms.
-                float mg[4], mu[4], yg[4], yu[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    mg[q] = __ldcg(work.mid + r * a.OC + gate0 + q);
-                    mu[q] = __ldcg(work.mid + r * a.OC + up0 + q);
-                }
-                int e;
-                bool bad;
-                a.rows.row(r, e, bad);
-                float rg[4], bg[4], ru[4], bu[4];
-                escha_rout_eff(a.v, e, gate0, rg, bg);
-                escha_rout_eff(a.v, e, up0, ru, bu);
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    work.mid[r * a.OC + gate0 + q] = 0.0f;
-                    work.mid[r * a.OC + up0 + q]   = 0.0f;
-                }
-                escha_out_values(a.v, mg, rg, bg, bad, lane, yg);
-                escha_out_values(a.v, mu, ru, bu, bad, lane, yu);
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    a.glu[r * n_half + j0 + q] = escha_silu(yg[q]) * yu[q];
-                }
-            }
+            escha_out_lane(a.rows, a.v, m, r, o0, lane, a.OC, a.dst);
         }
         if (lane == 0) {
             *count = 0;

@@ -200,13 +200,6 @@ static bool escha_fused_state(const int device, cudaStream_t stream, const size_
     arrive = s.arrive;
     return true;
 }
-
-// The fused kernel's state for op's plan: mid for its rows, and arrival
-// counts per group and 128 outputs.
-static bool escha_fused_state_of(const int device, cudaStream_t stream, const escha_op & op, const escha_cuda_plan & plan,
-                                 float *& mid, unsigned *& arrive) {
-    return escha_fused_state(device, stream, (size_t) (op.n_slots * op.oc), (size_t) (plan.n_z * (op.oc / 128)), mid, arrive);
-}
 #endif // the fused kernel runs on the mma path, never on HIP
 
 // A row count from the environment variable `name`, or `unset` without it.
@@ -317,11 +310,6 @@ struct escha_fusion {
     escha_op         share[ESCHA_SHARE_MAX];
     bool             has_next = false;
     escha_op         next;
-    // A MoE op on the fused kernel: the SWIGLU of its output's two halves,
-    // written here in place of the op's output (escha_mm_args.glu;
-    // nullptr: none).
-    float          * glu = nullptr;
-    bool             glu_gate_hi = false;
 };
 
 // ---- input transforms run ahead -------------------------------------------------
@@ -459,16 +447,14 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     float    * fused_mid    = nullptr;
     unsigned * fused_arrive = nullptr;
 #ifndef GGML_USE_HIP
-    if (plan.fused && !escha_fused_state_of(id, stream, op, plan, fused_mid, fused_arrive)) {
+    if (plan.fused &&
+        !escha_fused_state(id, stream, (size_t) (n_rows * OC), (size_t) (plan.n_z * (OC / 128)), fused_mid, fused_arrive)) {
         plan = escha_plan_of(op, 0); // three launches instead, with their own grid (tiles a warp)
     }
 #endif
     // The fused kernel writes the op's own outputs: ggml_cuda_escha_try_fuse
-    // fuses no node into an op that takes it but the SWIGLU of a MoE op's
-    // halves, which only it writes (and only after it checked that the
-    // fused kernel's state is there).
+    // never fuses an op that takes it.
     GGML_ASSERT(!plan.fused || (!pair && fu.kind == ESCHA_EPI_NONE));
-    GGML_ASSERT(fu.glu == nullptr || plan.fused);
 
     // The ops whose input transform these launches run besides their own
     // (escha_ahead), each with a slot claimed for it; one that finds none
@@ -567,8 +553,6 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     a.n_x      = (int) plan.n_x;
     a.mode     = plan.mode;
     a.code_early = plan.code_early && early;
-    a.glu         = fu.glu;
-    a.glu_gate_hi = fu.glu_gate_hi;
     if (pair) {
         a.pair_x    = a.n_x * plan.n_z;
         a.pair_code = (const uint32_t *) fu.second->code->data;
@@ -825,47 +809,6 @@ static bool escha_epilogue_at(const ggml_cgraph * cgraph, const int i, const int
     return true;
 }
 
-// Node i as a MoE op on the fused kernel whose output's two halves (gate
-// and up, OC / 2 apart, each a whole number of 128-blocks) are viewed as
-// nodes i + 1 and i + 2 and taken by SWIGLU at node i + 3, as llama.cpp's
-// MoE FFN builds a merged gate_up (swiglu_split of the two views): a
-// parsed, gate_hi set when the gate is the second half. Nothing else may
-// read the op's output (the fused kernel then writes only the SWIGLU's),
-// and the SWIGLU's output must not overlap what the kernel reads (x, ids):
-// other blocks of the launch may still read those when the first last
-// warp writes it.
-static bool escha_moe_glu_at(const ggml_cgraph * cgraph, const int i, escha_op & a, bool & gate_hi) {
-    const ggml_tensor * n0 = cgraph->nodes[i];
-    char err[256];
-    if (i + 3 >= cgraph->n_nodes || n0->op != GGML_OP_ESCHA_MOE || escha_cuda_parse(n0, &a, err, sizeof err) != nullptr ||
-        !a.moe || a.oc % 256 != 0 || !escha_like_output(n0, a.n_slots * a.oc) || !escha_plan_of(a, escha_fused_max_rows()).fused ||
-        !(n0->flags & GGML_TENSOR_FLAG_COMPUTE) || (n0->flags & GGML_TENSOR_FLAG_OUTPUT) || ggml_node_get_use_count(cgraph, i) != 2) {
-        return false;
-    }
-    const size_t half_bytes = (size_t) (a.oc / 2) * sizeof(float);
-    auto half_view = [&](const ggml_tensor * v) {
-        return v->op == GGML_OP_VIEW && v->src[0] == n0 && v->view_src == n0 && v->type == GGML_TYPE_F32 &&
-               (v->view_offs == 0 || v->view_offs == half_bytes) && v->ne[0] == a.oc / 2 && v->ne[1] == n0->ne[1] &&
-               v->ne[2] == n0->ne[2] && v->ne[3] == n0->ne[3] && v->nb[1] == n0->nb[1] && v->nb[2] == n0->nb[2] &&
-               v->nb[3] == n0->nb[3];
-    };
-    const ggml_tensor * v1 = cgraph->nodes[i + 1];
-    const ggml_tensor * v2 = cgraph->nodes[i + 2];
-    const ggml_tensor * glu = cgraph->nodes[i + 3];
-    if (!half_view(v1) || !half_view(v2) || v1->view_offs == v2->view_offs || !escha_used_once(cgraph, i + 1, true) ||
-        !escha_used_once(cgraph, i + 2, true)) {
-        return false;
-    }
-    if (glu->op != GGML_OP_GLU || ggml_get_glu_op(glu) != GGML_GLU_OP_SWIGLU || !(glu->flags & GGML_TENSOR_FLAG_COMPUTE) ||
-        ggml_get_op_params_i32(glu, 1) != 0 || !((glu->src[0] == v1 && glu->src[1] == v2) || (glu->src[0] == v2 && glu->src[1] == v1)) ||
-        !escha_like_output(glu, a.n_slots * a.oc / 2) || !ggml_are_same_shape(glu, v1) || escha_overlaps(glu, a.x) ||
-        escha_overlaps(glu, a.ids)) {
-        return false;
-    }
-    gate_hi = glu->src[0]->view_offs != 0;
-    return true;
-}
-
 // Whether node j is a dense op that can take its input transform from an
 // earlier op's launches (escha_fusable, and not the first op of a SWIGLU
 // pair, which runs its pair's), parsed into c.
@@ -947,28 +890,7 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
     static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
     escha_op a;
-    if (off) {
-        return 0;
-    }
-#ifndef GGML_USE_HIP
-    // A MoE gate_up on the fused kernel, its halves' views and their SWIGLU:
-    // the fused kernel writes the SWIGLU (when its state is there; during a
-    // capture it may not grow, escha_fused_state).
-    bool gate_hi = false;
-    if (escha_moe_glu_at(cgraph, i, a, gate_hi)) {
-        float * mid = nullptr;
-        unsigned * arrive = nullptr;
-        if (!escha_fused_state_of(ggml_cuda_get_device(), ctx.stream(), a, escha_plan_of(a, escha_fused_max_rows()), mid, arrive)) {
-            return 0;
-        }
-        escha_fusion fu;
-        fu.glu         = (float *) cgraph->nodes[i + 3]->data;
-        fu.glu_gate_hi = gate_hi;
-        escha_forward(ctx, a, fu);
-        return 3;
-    }
-#endif
-    if (!escha_fusable(cgraph->nodes[i], a)) {
+    if (off || !escha_fusable(cgraph->nodes[i], a)) {
         return 0;
     }
     const int64_t n_out = a.n_slots * a.oc;

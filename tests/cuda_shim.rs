@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, MoeGluFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
@@ -38,12 +38,6 @@ extern "C" {
         s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
         grouped: i32, path: i32, ksplit: i32,
     ) -> i32;
-    fn escha_cuda_shim_moe_glu(
-        k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
-        ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
-        s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
-        grouped: i32, path: i32, ksplit: i32, glu: *mut f32, gate_hi: i32,
-    ) -> i32;
 }
 
 const CUDA: CudaShim = CudaShim {
@@ -55,7 +49,6 @@ const CUDA: CudaShim = CudaShim {
     linear: escha_cuda_shim_linear as LinearFn,
         linear_ahead: escha_cuda_shim_linear_ahead as LinearAheadFn,
     moe: escha_cuda_shim_moe as MoeFn,
-        moe_glu: escha_cuda_shim_moe_glu as MoeGluFn,
     simt_only: false,
 };
 
@@ -102,9 +95,4 @@ fn graph_fusions_match_their_nodes() {
 #[test]
 fn ahead_transforms_match_their_ops() {
     CUDA.ahead_transforms_match_their_ops();
-}
-
-#[test]
-fn moe_swiglu_fusion_matches_its_nodes() {
-    CUDA.moe_swiglu_fusion_matches_its_nodes();
 }

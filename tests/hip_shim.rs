@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, MoeGluFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, OutFn, XhFn, BLAS, GEMV, PREFILL, SIMT};
 use escha_ggml::testutil::RandomLinear as Problem;
 
 extern "C" {
@@ -38,12 +38,6 @@ extern "C" {
         s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
         grouped: i32, path: i32, ksplit: i32,
     ) -> i32;
-    fn escha_hip_shim_moe_glu(
-        k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
-        ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
-        s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
-        grouped: i32, path: i32, ksplit: i32, glu: *mut f32, gate_hi: i32,
-    ) -> i32;
 }
 
 /// The HIP build on wavefronts of `lanes` lanes. The width is the calling
@@ -59,7 +53,6 @@ fn hip(lanes: i32) -> CudaShim {
         linear: escha_hip_shim_linear as LinearFn,
         linear_ahead: escha_hip_shim_linear_ahead as LinearAheadFn,
         moe: escha_hip_shim_moe as MoeFn,
-        moe_glu: escha_hip_shim_moe_glu as MoeGluFn,
         simt_only: true,
     }
 }

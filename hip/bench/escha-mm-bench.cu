@@ -263,22 +263,6 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     a.rows = rows; a.v = v; a.dst = d_y;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = plan.mode;
     a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = (int) plan.n_x; a.code_early = false;
-    // ESCHA_BENCH_MOE_GLU: also the SWIGLU of the two output halves written
-    // by the kernel (escha.cu's fusion of a merged gate_up with it).
-    float * d_glu = nullptr;
-    if (getenv("ESCHA_BENCH_MOE_GLU") && OC % 256 == 0) {
-        CUDA_CHECK(cudaMalloc(&d_glu, (size_t) n_used * OC / 2 * 4));
-        escha_mm_args g = a;
-        g.glu = d_glu;
-        for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(g, plan.n_z, plan.z_busy, nsm, 0);
-        timer t;
-        t.start();
-        for (int i = 0; i < 1000; i++) escha_launch_gemv<K, 4, 1, true>(g, plan.n_z, plan.z_busy, nsm, 0);
-        const float us = t.stop_ms();
-        CUDA_CHECK(cudaGetLastError());
-        printf("moe slots K=%d %d -> %d, %d of %d experts, fused kernel with the SWIGLU: %.2f us\n", K, IC, OC, n_used, n_expert, us);
-        CUDA_CHECK(cudaFree(d_glu));
-    }
     for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
     timer t;
     t.start();

@@ -217,11 +217,6 @@ struct fusion_args {
     escha_xh_target  next    = {};
     half           * own_xh  = nullptr;
     float          * own_mid = nullptr;
-    // The fused kernel's SWIGLU of the op's two output halves (escha.cu's
-    // fusion of a MoE gate_up with it): glu[r][OC / 2], the gate the second
-    // half with glu_gate_hi.
-    float          * glu         = nullptr;
-    bool             glu_gate_hi = false;
 };
 
 // xh, multiply, out for n_rows op rows (mode set in a by the caller; groups
@@ -236,8 +231,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
         (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED)) ||
         ((pair || fu.kind != ESCHA_EPI_NONE || ahead) && (fused || a.mode != 0 || pair != (fu.kind == ESCHA_EPI_SWIGLU))) ||
-        (fu.own_xh && (pair || fu.n_share > 0)) || (pair ? 2 : 1) + fu.n_share > ESCHA_XH_OPS ||
-        (fu.glu && (!fused || a.OC % 256 != 0))) {
+        (fu.own_xh && (pair || fu.n_share > 0)) || (pair ? 2 : 1) + fu.n_share > ESCHA_XH_OPS) {
         return -1;
     }
     escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
@@ -297,8 +291,6 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         a.n_x     = (int) plan.n_x;
         a.mblocks = plan.mblocks;
         a.code_early = plan.code_early;
-        a.glu         = fu.glu;
-        a.glu_gate_hi = fu.glu_gate_hi;
         ksplit     = std::max(1, std::min(ksplit, a.KT));
         a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
         ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
@@ -576,14 +568,10 @@ int ESCHA_SHIM_FN(linear)(int k, int64_t ic, int64_t oc, const int16_t * code, c
 // comes out NaN. grouped = 0: one block row per slot
 // (decode sizes); 1: slots grouped by expert (as ggml's mmid helper does
 // on the device, here on the host). path as in k_family_of_path.
-// With glu (not grouped, the fused paths only): also glu[n_tokens][n_used][oc / 2],
-// the SWIGLU of y's two halves (the gate the second with gate_hi) written by
-// the fused kernel, as escha.cu's fusion of a MoE gate_up with it runs.
-int ESCHA_SHIM_FN(moe_glu)(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
-                            const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
-                            const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,
-                            const float * bias, int64_t bias_rows, float * y, int grouped, int path, int ksplit, float * glu,
-                            int gate_hi) {
+int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
+                        const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
+                        const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,
+                        const float * bias, int64_t bias_rows, float * y, int grouped, int path, int ksplit) {
     if (!shape_ok(k, ic, oc) || n_expert <= 0 || n_used <= 0 || n_tokens <= 0 || (nx != 1 && nx != n_used)) {
         return -1;
     }
@@ -620,13 +608,7 @@ int ESCHA_SHIM_FN(moe_glu)(int k, int64_t n_expert, int64_t ic, int64_t oc, cons
         a.ids    = ids;
         a.n_used = (int) n_used;
         a.si1    = ids_stride;
-        fusion_args fu;
-        fu.glu         = glu;
-        fu.glu_gate_hi = gate_hi != 0;
-        return run_op(k, rows, v, n_rows, a, path, 1, 1, n_expert, ksplit, y, fu);
-    }
-    if (glu) {
-        return -1;
+        return run_op(k, rows, v, n_rows, a, path, 1, 1, n_expert, ksplit, y);
     }
     for (int64_t e = 0; e < n_expert; e++) {
         bounds.push_back((int32_t) sorted.size());
@@ -644,14 +626,6 @@ int ESCHA_SHIM_FN(moe_glu)(int k, int64_t n_expert, int64_t ic, int64_t oc, cons
     a.bounds = bounds.data();
     // Blocks sized as escha.cu's plan sizes them, as many per expert as n_tokens rows take.
     return run_op(k, rows, v, n_rows, a, path, escha_cuda_moe_block_rows(n_rows, n_expert), n_tokens, n_expert, ksplit, y);
-}
-
-int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const int16_t * code, const float * x, int64_t nx,
-                        const int32_t * ids, int64_t ids_stride, int64_t n_used, int64_t n_tokens, const uint16_t * rin,
-                        const uint16_t * rout, const float * s_in, int64_t s_in_rows, const float * s_out, int64_t s_out_rows,
-                        const float * bias, int64_t bias_rows, float * y, int grouped, int path, int ksplit) {
-    return ESCHA_SHIM_FN(moe_glu)(k, n_expert, ic, oc, code, x, nx, ids, ids_stride, n_used, n_tokens, rin, rout, s_in, s_in_rows,
-                                  s_out, s_out_rows, bias, bias_rows, y, grouped, path, ksplit, nullptr, 0);
 }
 
 } // extern "C"

@@ -317,14 +317,6 @@ pub type MoeFn = unsafe extern "C" fn(
     s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
     grouped: i32, path: i32, ksplit: i32,
 ) -> i32;
-/// MoeFn, with the fused kernel also writing the SWIGLU of y's two halves
-/// to glu (gate_hi: the gate is the second half).
-pub type MoeGluFn = unsafe extern "C" fn(
-    k: i32, n_expert: i64, ic: i64, oc: i64, code: *const i16, x: *const f32, nx: i64, ids: *const i32,
-    ids_stride: i64, n_used: i64, n_tokens: i64, rin: *const u16, rout: *const u16, s_in: *const f32,
-    s_in_rows: i64, s_out: *const f32, s_out_rows: i64, bias: *const f32, bias_rows: i64, y: *mut f32,
-    grouped: i32, path: i32, ksplit: i32, glu: *mut f32, gate_hi: i32,
-) -> i32;
 
 /// escha_gemv_kernel (mma, up to 16 rows per weight)
 pub const GEMV: i32 = 0;
@@ -356,7 +348,6 @@ pub struct CudaShim {
     pub linear: LinearFn,
     pub linear_ahead: LinearAheadFn,
     pub moe: MoeFn,
-    pub moe_glu: MoeGluFn,
     pub simt_only: bool,
 }
 
@@ -713,68 +704,6 @@ impl CudaShim {
             all.push(self.moe_case(&d, &route_hot(76, 20, 3, 1, 8, 8), true, GEMV, 2, 721));
         }
         summarize(&format!("{} moe", self.name), &all);
-    }
-
-    /// escha.cu's fusion of a MoE gate_up op on the fused kernel with the
-    /// SWIGLU of its output's two halves (llama.cpp's merged gate_up): the
-    /// kernel's SWIGLU output is silu(gate) * up bit for bit, computed here
-    /// in f32 as ggml-cuda's SWIGLU kernel does from the op's outputs run
-    /// without the fusion, with the gate either half (the op's own outputs,
-    /// which nothing else reads then, are not written); a slot with a bad
-    /// id comes out NaN, and the kernel leaves its state (sums, counts) at
-    /// zero. Both fused grids (4 and 2 tiles a warp), IC split or not, 1
-    /// and 3 tokens.
-    pub fn moe_swiglu_fusion_matches_its_nodes(&self) {
-        if self.simt_only {
-            eprintln!("{}: the MoE SWIGLU fusion skipped: this build runs no fused kernel (escha.cu fuses it on CUDA only)", self.name);
-            return;
-        }
-        let silu = |v: f32| v / (1.0 + (-v).exp());
-        let mut n = 0;
-        for k in [2, 3] {
-            let d = MoeData::new(110 + k as u64, k, 4, 256, 512, true, false);
-            let half = d.oc / 2;
-            for (seed, t, bad) in [(111, 1, false), (113, 3, false), (115, 3, true)] {
-                let mut r = route(seed, t, 2, 1, 4, 3);
-                if bad {
-                    r.ids[r.stride + 1] = 9; // token 1, slot 1 (slot 3)
-                }
-                let x = Rng::new(seed + 1).f32s(r.t * d.ic, 0.0, 1.0);
-                for (path, ksplit) in [(FUSED, 1), (FUSED, 2), (FUSED2, 2)] {
-                    let plain = self.run_moe(&d, &x, &r, false, path, ksplit);
-                    for gate_hi in [0, 1] {
-                        let what = format!("{} moe swiglu K={k} T={t} bad={bad} path={path} ksplit={ksplit} gate_hi={gate_hi}", self.name);
-                        let slots = r.t * r.n_used;
-                        let (mut y, mut glu) = (vec![f32::NAN; slots * d.oc], vec![f32::NAN; slots * half]);
-                        let rows = d.vec_rows as i64;
-                        let rc = unsafe {
-                            (self.moe_glu)(
-                                d.k as i32, d.e as i64, d.ic as i64, d.oc as i64, d.code.as_ptr(), x.as_ptr(), r.nx as i64,
-                                r.ids.as_ptr(), r.stride as i64, r.n_used as i64, r.t as i64, f16_ptr(&d.rin), f16_ptr(&d.rout),
-                                opt(d.s_in.as_deref()), rows, opt(d.s_out.as_deref()), rows, opt(d.bias.as_deref()), rows,
-                                y.as_mut_ptr(), 0, path, ksplit, glu.as_mut_ptr(), gate_hi,
-                            )
-                        };
-                        assert_ne!(rc, FUSED_STATE_LEFT, "{what}: the fused kernel left mid or a count nonzero");
-                        assert_eq!(rc, 0, "{what}: rejected");
-                        for s in 0..slots {
-                            let (g0, u0) = if gate_hi == 1 { (half, 0) } else { (0, half) };
-                            for j in 0..half {
-                                let want = silu(plain[s * d.oc + g0 + j]) * plain[s * d.oc + u0 + j];
-                                let got = glu[s * half + j];
-                                assert!(
-                                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                                    "{what}: SWIGLU of slot {s} output {j}: {got} against {want}"
-                                );
-                                assert_eq!(got.is_nan(), bad && s == 3, "{what}: slot {s} output {j}: {got}");
-                            }
-                        }
-                        n += 1;
-                    }
-                }
-            }
-        }
-        eprintln!("{} moe swiglu fusion: {n} cases, every output bit for bit its nodes'", self.name);
     }
 
     /// An expert id outside [0, E) cannot stop a GPU kernel: its slot must
