@@ -129,7 +129,7 @@ synth() {
     mv "$dst.tmp" "$dst"
 }
 # The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 152 ;; ESCHA_MOE) echo 35 ;; esac; }
+cases_of() { case $1 in ESCHA_LINEAR) echo 152 ;; ESCHA_MOE) echo 51 ;; esac; }
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
