@@ -128,8 +128,8 @@ synth() {
     python3 $S "$@" -o "$dst.tmp" > "$log" 2>&1 || die "$dst: writing the model failed ($log)"
     mv "$dst.tmp" "$dst"
 }
-# The escha cases test-backend-ops registers (ggml-escha/test-backend-ops/).
-cases_of() { case $1 in ESCHA_LINEAR) echo 152 ;; ESCHA_MOE) echo 51 ;; esac; }
+# The escha cases test-backend-ops registers: escha_cases_of OP.
+source ggml-escha/test-backend-ops/case-counts.sh
 # The CPU scripts' llama-perplexity helpers (ppl, kld, below) on this build.
 bin=$B threads=$(nproc)
 source scripts/lib/kld.sh
@@ -333,7 +333,7 @@ for step in "$@"; do
         done
         for r in "${runs[@]}"; do
             IFS=: read -r pid op path <<<"$r"
-            log=$out/parity-$path-$op.log want=$(cases_of $op)
+            log=$out/parity-$path-$op.log want=$(escha_cases_of $op)
             [[ " $bad " == *" $op:$path "* ]] && die "$op $path: test-backend-ops exited with an error ($log)"
             grep -q "  $want/$want tests passed" "$log" || die "$op $path: not $want/$want cases passed ($log)"
             echo "$op $path: $want/$want tests passed"
@@ -353,7 +353,7 @@ for step in "$@"; do
             die "broken: the broken build failed, nothing was tested"
         fi
         for op in ESCHA_LINEAR ESCHA_MOE; do
-            want=$(cases_of $op)
+            want=$(escha_cases_of $op)
             $B/test-backend-ops -b CUDA0 -o $op > "$out/broken-$op.log" 2>&1 && die "$op: the broken decode passed"
             grep -q "  0/$want tests passed" "$out/broken-$op.log" || die "$op: the broken decode did not fail all $want cases"
             echo "$op, decode broken on purpose: 0/$want tests passed, $(grep -c FAIL "$out/broken-$op.log") FAIL lines"

@@ -287,6 +287,95 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_xh_kernel(
     }
 }
 
+// The row's RMS norm scale, 1/sqrt(mean(x^2) + eps), as every warp of
+// escha_norm_xh_kernel computes it: lane l sums the squares of channels
+// 4l + 128i .. 4l + 128i + 3 (i = 0, 1, ...) in four f32 partials, one a
+// channel of the four (explicit FMAs), then p0 + p1 and p2 + p3, their sum,
+// and the butterfly over the 32 lanes. Every warp of the row takes the
+// same order, so every warp gets the same scale without a block barrier.
+static __device__ __forceinline__ float escha_norm_scale(const float * x, const int IC, const float eps, const int lane) {
+    float p[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int c = lane * 4; c < IC; c += 128) {
+        const float4 v = *(const float4 *) (x + c); // rows 16-byte aligned (escha.cu checks)
+        p[0] = fmaf(v.x, v.x, p[0]);
+        p[1] = fmaf(v.y, v.y, p[1]);
+        p[2] = fmaf(v.z, v.z, p[2]);
+        p[3] = fmaf(v.w, v.w, p[3]);
+    }
+    float s = (p[0] + p[1]) + (p[2] + p[3]);
+#pragma unroll
+    for (int m = ESCHA_LANES / 2; m > 0; m /= 2) {
+        s += __shfl_xor_sync(0xFFFFFFFF, s, m, ESCHA_LANES);
+    }
+    return rsqrtf(s / (float) IC + eps);
+}
+
+// An RMS_NORM of x's rows and a MUL of the result by a per-channel weight
+// w (as llama.cpp builds its norms: y = (x * scale) * w), folded into the
+// input transforms of the escha ops that read y (escha.cu's graph fusion):
+// one launch in place of the norm's and the transforms'. Block: 4 logical
+// warps, one 128-block each; grid (ceil(IC/512), rows, ops). Every warp
+// computes its row's scale itself (escha_norm_scale), then its 128-block of
+// y, which grid z 0 stores to y_out (the MUL's output, for any other
+// reader), and of op z's xh, as escha_xh_kernel computes it from y; op z's
+// mid is zeroed. y_out must not overlap x: a warp stores its 128-block
+// while other warps may still be reading the whole row. early: w and
+// rin_eff (weights) are loaded before the wait.
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
+        const escha_rows rows, const float * w, float * y_out, const float eps, const escha_xh_targets targets, const int64_t n_rows,
+        const int IC, const bool early) {
+    const escha_xh_target o = escha_xh_pick(targets, (int) blockIdx.z);
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    const int i0   = blk * 128 + lane * 4;
+    const bool in  = blk * 128 < IC;
+    float wq[4] = {}, re[4] = {};
+    if (early && in) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            wq[q] = w[i0 + q];
+        }
+        escha_rin_eff(o.v, 0, i0, re);
+    }
+    escha_kernel_begin();
+    escha_zero_mid(o.mid, o.n_mid4);
+    if (!in) {
+        return;
+    }
+    if (!early) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            wq[q] = w[i0 + q];
+        }
+        escha_rin_eff(o.v, 0, i0, re);
+    }
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        bool bad;
+        const float * x = rows.row(r, e, bad);
+        const float scale = escha_norm_scale(x, IC, eps, lane);
+        const float4 v = *(const float4 *) (x + i0);
+        const float xq[4] = { v.x, v.y, v.z, v.w };
+        float y[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            y[q] = __fmul_rn(__fmul_rn(xq[q], scale), wq[q]);
+        }
+        if (blockIdx.z == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                y_out[r * IC + i0 + q] = y[q];
+            }
+        }
+        half h[4];
+        escha_xh_from(y, re, lane, h);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            o.xh[r * IC + i0 + q] = h[q];
+        }
+    }
+}
+
 // rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
 static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
 #pragma unroll

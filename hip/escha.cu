@@ -129,6 +129,13 @@ static bool escha_env_off(const char * name) {
     return s != nullptr && !escha_env_switch(s);
 }
 
+// Whether kernels may load weights before their wait (escha_forward);
+// GGML_ESCHA_EARLY=0 turns that off, for measuring.
+static bool escha_early_allowed() {
+    static const bool v = !escha_env_off("GGML_ESCHA_EARLY");
+    return v;
+}
+
 // The fused kernel's row limit: ESCHA_CUDA_FUSED_MAX_ROWS, or 0 (off) when
 // GGML_ESCHA_FUSED=0 (for measuring the three-launch path), read once.
 static int64_t escha_fused_max_rows() {
@@ -261,6 +268,16 @@ static void escha_decode_then_blas(ggml_backend_cuda_context & ctx, const int K,
 // are written once, when a model loads, by copies from the host.
 static bool escha_is_weight(const ggml_tensor * t) {
     return t == nullptr || (t->op == GGML_OP_NONE && t->view_src == nullptr);
+}
+
+// Whether an op's weights (code and per-channel vectors) are all
+// escha_is_weight: what its kernels may load before their wait.
+static bool escha_op_weights_only(const escha_op & o) {
+    bool only = escha_is_weight(o.code);
+    for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
+        only = only && escha_is_weight(o.vec[i].t);
+    }
+    return only;
 }
 
 // The per-channel vectors of a parsed op as the kernels take them.
@@ -458,21 +475,26 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
 
     // The ops whose input transform these launches run besides their own
     // (escha_ahead), each with a slot claimed for it; one that finds none
-    // computes its own. An op whose xh an earlier op's launches wrote (own)
-    // runs none of its own, and so none of fu.share's (the producer looked
-    // past it for those); a pair's first op never takes one (its second op
-    // would lack its own), and frees both.
+    // computes its own. An op whose xh an earlier launch wrote (own) runs
+    // none of its own, and so none of fu.share's (the producer looked past
+    // it for those). A pair takes slots only when both of its ops have one
+    // (a norm's launch wrote both: escha_try_fuse_norm); otherwise it frees
+    // either and computes both.
     escha_ahead_state * st = escha_ahead_on(ctx) ? &escha_ahead_of(id, stream) : nullptr;
     escha_ahead_slot * own = st && !plan.fused ? escha_ahead_find(*st, op.dst) : nullptr;
     escha_ahead_slot * own1 = st && pair ? escha_ahead_find(*st, fu.second->dst) : nullptr;
-    if (pair && own) {
-        own->node = nullptr;
-        own = nullptr;
-    }
-    if (own1) {
-        own1->node = nullptr;
+    if (pair && (own == nullptr || own1 == nullptr)) {
+        if (own) {
+            own->node = nullptr;
+            own = nullptr;
+        }
+        if (own1) {
+            own1->node = nullptr;
+            own1 = nullptr;
+        }
     }
     GGML_ASSERT(own == nullptr || (own->n_xh >= (size_t) (n_rows * IC) && own->n_mid >= (size_t) (n_rows * OC)));
+    GGML_ASSERT(own1 == nullptr || (own1->n_xh >= (size_t) (n_rows * IC) && own1->n_mid >= (size_t) (n_rows * OC)));
     const escha_op * share[ESCHA_SHARE_MAX] = {};
     escha_ahead_slot * share_slot[ESCHA_SHARE_MAX] = {};
     int n_share = 0;
@@ -493,16 +515,9 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     // before they wait for the kernel before them, when no kernel can have
     // written those (escha_is_weight); GGML_ESCHA_EARLY=0 turns that off,
     // for measuring.
-    static const bool early_allowed = !escha_env_off("GGML_ESCHA_EARLY");
-    bool early = early_allowed && !op.moe;
+    bool early = escha_early_allowed() && !op.moe;
     auto weights_only = [&early](const escha_op * o) {
-        if (o == nullptr) {
-            return;
-        }
-        early = early && escha_is_weight(o->code);
-        for (int i = 0; i < ESCHA_VEC_COUNT; i++) {
-            early = early && escha_is_weight(o->vec[i].t);
-        }
+        early = early && (o == nullptr || escha_op_weights_only(*o));
     };
     weights_only(&op);
     weights_only(fu.second);
@@ -534,6 +549,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     }
     half  * op_xh  = own ? own->xh : xh.get();
     float * op_mid = own ? own->mid : mid.get();
+    half  * op1_xh  = own1 ? own1->xh : xh.get() + n_rows * IC; // a pair's second op
+    float * op1_mid = own1 ? own1->mid : mid.get() + n_rows * OC;
 
     escha_mm_args a = {};
     a.code     = (const uint32_t *) op.code->data;
@@ -556,8 +573,8 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     if (pair) {
         a.pair_x    = a.n_x * plan.n_z;
         a.pair_code = (const uint32_t *) fu.second->code->data;
-        a.pair_xh   = xh.get() + n_rows * IC;
-        a.pair_mid  = mid.get() + n_rows * OC;
+        a.pair_xh   = op1_xh;
+        a.pair_mid  = op1_mid;
     }
 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
@@ -660,7 +677,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     escha_epilogue ep = {};
     ep.kind = fu.kind;
     ep.add  = fu.add;
-    ep.mid1 = pair ? mid.get() + n_rows * OC : nullptr;
+    ep.mid1 = pair ? op1_mid : nullptr;
     ep.v1   = v1;
     escha_xh_target next = {};
     if (next_slot) {
@@ -669,8 +686,10 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     float * dst = fu.dst ? fu.dst : (float *) op.dst->data;
     escha_kernel_launch(escha_out_kernel, dim3((OC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS, gy, 1), stream,
                         rows, v, (const float *) op_mid, dst, n_rows, OC, early, ep, next);
-    if (own) {
-        own->node = nullptr; // read by the kernels above; a later writer waits for them
+    for (escha_ahead_slot * s : { own, own1 }) {
+        if (s) {
+            s->node = nullptr; // read by the kernels above; a later writer waits for them
+        }
     }
 }
 
@@ -809,6 +828,116 @@ static bool escha_epilogue_at(const ggml_cgraph * cgraph, const int i, const int
     return true;
 }
 
+// The ahead state of this device and stream as of node i of cgraph, or
+// nullptr (escha_ahead_on is false). The slots belong to one graph
+// evaluation: a new one (another graph, or this one from its start again)
+// frees them all.
+static escha_ahead_state * escha_ahead_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
+    if (!escha_ahead_on(ctx)) {
+        return nullptr;
+    }
+    escha_ahead_state * st = &escha_ahead_of(ggml_cuda_get_device(), ctx.stream());
+    if (cgraph != st->cgraph || i <= st->last_i) {
+        for (escha_ahead_slot & s : st->slot) {
+            s.node = nullptr;
+        }
+    }
+    st->cgraph  = cgraph;
+    st->last_i  = i;
+    st->planned = nullptr;
+    return st;
+}
+
+// Nodes i and i + 1 as an RMS_NORM of f32 rows and a MUL of the result by
+// a per-channel f32 weight (llama.cpp's norms), whose product y later escha
+// ops read: escha_norm_xh_kernel computes the norm, y and those ops' input
+// transforms in one launch, in place of the norm's launch and each op's
+// own input transform (GGML_ESCHA_NORM_FUSION=0 turns it off, for
+// measuring). The ops: dense ones of up to ESCHA_CUDA_GEMV_MAX_ROWS rows
+// whose x is exactly y (a SWIGLU pair's both), after the MUL up to the
+// first other escha op or the first node that writes y's memory,
+// ESCHA_XH_OPS at most, each with an ahead slot claimed for it; none:
+// upstream's kernels run the norm. Gives 1 (the MUL computed too) or 0.
+// y may not overlap x (each warp stores its part of y while others may
+// still read the row), and x's rows must be 16-byte aligned (the kernel's
+// vector loads).
+static int escha_try_fuse_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
+    static const bool off = escha_env_off("GGML_ESCHA_NORM_FUSION");
+    if (off || i + 1 >= cgraph->n_nodes) {
+        return 0;
+    }
+    const ggml_tensor * norm = cgraph->nodes[i];
+    ggml_tensor * mul = cgraph->nodes[i + 1];
+    const ggml_tensor * x = norm->src[0];
+    if (norm->op != GGML_OP_RMS_NORM || mul->op != GGML_OP_MUL || !(mul->flags & GGML_TENSOR_FLAG_COMPUTE) ||
+        (mul->src[0] == norm) == (mul->src[1] == norm)) {
+        return 0;
+    }
+    const ggml_tensor * w = mul->src[0] == norm ? mul->src[1] : mul->src[0];
+    const int64_t IC = norm->ne[0], n_rows = ggml_nrows(norm);
+    auto aligned = [](const ggml_tensor * t) {
+        return (uintptr_t) t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
+    };
+    if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || x->data == nullptr || !aligned(x) || IC % 128 != 0 ||
+        IC > INT32_MAX || n_rows == 0 || n_rows > ESCHA_CUDA_GEMV_MAX_ROWS || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) ||
+        w->ne[0] != IC || ggml_nelements(w) != IC || !escha_like_output(mul, n_rows * IC) || !ggml_are_same_shape(mul, norm) ||
+        !escha_used_once(cgraph, i, false) || escha_overlaps(mul, x)) {
+        return 0;
+    }
+    escha_ahead_state * st = escha_ahead_at(ctx, cgraph, i);
+    if (st == nullptr) {
+        return 0;
+    }
+    escha_op ops[ESCHA_XH_OPS];
+    int n_ops = 0;
+    for (int j = i + 2; j < cgraph->n_nodes && n_ops < ESCHA_XH_OPS; j++) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (escha_noop(t)) {
+            continue;
+        }
+        if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
+            escha_op c;
+            if (!escha_fusable(t, c) || c.x->data != mul->data || c.x->type != GGML_TYPE_F32 || !ggml_is_contiguous(c.x) ||
+                c.ic != IC || c.n_slots != n_rows) {
+                break;
+            }
+            ops[n_ops++] = c;
+            continue;
+        }
+        if (escha_overlaps(t, mul)) {
+            break;
+        }
+    }
+    cudaStream_t stream = ctx.stream();
+    bool early = escha_early_allowed() && escha_is_weight(w);
+    escha_xh_targets t = {};
+    int n = 0;
+    for (int k = 0; k < n_ops; k++) {
+        const escha_op & c = ops[k];
+        escha_ahead_slot * slot = escha_ahead_claim(*st, c.dst, (size_t) (n_rows * IC), (size_t) (n_rows * c.oc), stream);
+        if (slot) {
+            t.t[n++] = { escha_vecs_of(c), slot->xh, (float4 *) slot->mid, n_rows * c.oc / 4 };
+            early = early && escha_op_weights_only(c);
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    float eps;
+    memcpy(&eps, norm->op_params, sizeof(float));
+    escha_rows rows = {};
+    rows.x   = (const char *) x->data;
+    rows.nb1 = x->nb[1];
+    rows.nb2 = x->nb[2];
+    rows.nb3 = x->nb[3];
+    rows.ne1 = x->ne[1];
+    rows.ne2 = x->ne[2];
+    rows.nx1 = x->ne[1];
+    escha_kernel_launch(escha_norm_xh_kernel, dim3((unsigned) ((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) n_rows, (unsigned) n),
+                        stream, rows, (const float *) w->data, (float *) mul->data, eps, t, n_rows, (int) IC, early);
+    return 1;
+}
+
 // Whether node j is a dense op that can take its input transform from an
 // earlier op's launches (escha_fusable, and not the first op of a SWIGLU
 // pair, which runs its pair's), parsed into c.
@@ -886,31 +1015,28 @@ static void escha_plan_ahead(const ggml_cgraph * cgraph, const int last, const e
 // Like upstream's fusions, this runs on the node's stream; while
 // GGML_CUDA_GRAPH_OPT runs branches on concurrent streams, no input
 // transform runs ahead.
+//
+// At an RMS_NORM node, escha_try_fuse_norm; at an escha op, the fusions
+// above. Gives the number of nodes after i that the launches computed too
+// (0: node i runs as ggml-cuda runs it).
 int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
     // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
     static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
+    if (off) {
+        return 0;
+    }
+    if (cgraph->nodes[i]->op == GGML_OP_RMS_NORM) {
+        return escha_try_fuse_norm(ctx, cgraph, i);
+    }
     escha_op a;
-    if (off || !escha_fusable(cgraph->nodes[i], a)) {
+    if (!escha_fusable(cgraph->nodes[i], a)) {
         return 0;
     }
     const int64_t n_out = a.n_slots * a.oc;
 
-    // The ahead slots belong to one graph evaluation: a new one (another
-    // graph, or this one from its start again) frees them all.
-    escha_ahead_state * st = nullptr;
-    if (escha_ahead_on(ctx)) {
-        st = &escha_ahead_of(ggml_cuda_get_device(), ctx.stream());
-        if (cgraph != st->cgraph || i <= st->last_i) {
-            for (escha_ahead_slot & s : st->slot) {
-                s.node = nullptr;
-            }
-        }
-        st->cgraph  = cgraph;
-        st->last_i  = i;
-        st->planned = nullptr;
-        if (a.n_slots > ESCHA_CUDA_GEMV_MAX_ROWS) {
-            st = nullptr;
-        }
+    escha_ahead_state * st = escha_ahead_at(ctx, cgraph, i);
+    if (st && a.n_slots > ESCHA_CUDA_GEMV_MAX_ROWS) {
+        st = nullptr;
     }
 
     escha_fusion fu;

@@ -12,12 +12,16 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, NormXhFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
     fn escha_cuda_shim_decode_weight(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
     fn escha_cuda_shim_xh(ic: i64, x: *const f32, m: i64, rin: *const u16, s_in: *const f32, xh: *mut u16) -> i32;
+    fn escha_cuda_shim_norm_xh(
+        ic: i64, x: *const f32, stride: i64, m: i64, w: *const f32, eps: f32, n_ops: i32, rin: *const *const u16,
+        s_in: *const *const f32, y: *mut f32, xh: *mut u16, mid: *mut f32,
+    ) -> i32;
     fn escha_cuda_shim_out(
         oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
     ) -> i32;
@@ -45,6 +49,7 @@ const CUDA: CudaShim = CudaShim {
     decode: escha_cuda_shim_decode as DecodeFn,
         decode_weight: escha_cuda_shim_decode_weight as DecodeFn,
     xh: escha_cuda_shim_xh as XhFn,
+    norm_xh: escha_cuda_shim_norm_xh as NormXhFn,
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
         linear_ahead: escha_cuda_shim_linear_ahead as LinearAheadFn,
@@ -65,6 +70,11 @@ fn decode_weight_is_bit_exact() {
 #[test]
 fn input_transform_is_bit_exact() {
     CUDA.input_transform_is_bit_exact();
+}
+
+#[test]
+fn norm_transform_is_bit_exact() {
+    CUDA.norm_transform_is_bit_exact();
 }
 
 #[test]

@@ -184,6 +184,16 @@ CUDA_KERNEL = [
     M("cuda-ahead-next-row", "fast", CUH,
       "next.xh[r * OC + o0 + q] = h[q];", "next.xh[o0 + q] = h[q];",
       "cuda_shim", "ahead: every row's next-op xh written to row 0"),
+    M("cuda-norm-mid-kept", "fast", CUH,
+      "    escha_kernel_begin();\n    escha_zero_mid(o.mid, o.n_mid4);\n    if (!in) {\n",
+      "    escha_kernel_begin();\n    if (!in) {\n",
+      "cuda_shim", "norm fusion: the ops' mid left unzeroed"),
+    M("cuda-norm-weight-shifted", "fast", CUH,
+      "y[q] = __fmul_rn(__fmul_rn(xq[q], scale), wq[q]);", "y[q] = __fmul_rn(__fmul_rn(xq[q], scale), wq[q ^ 1]);",
+      "cuda_shim", "norm fusion: each channel multiplied by its neighbour's norm weight"),
+    M("cuda-norm-row", "fast", CUH,
+      "const float * x = rows.row(r, e, bad);\n        const float scale", "const float * x = rows.row(0, e, bad);\n        const float scale",
+      "cuda_shim", "norm fusion: every row normalises the first row"),
 ]
 
 MUTANTS = CUDA_KERNEL + [
@@ -461,6 +471,9 @@ MUTANTS += [
     M("gpu-fusion-pair-width", "gpu", "hip/escha.cu",
       "multiply(a1, fu.second->k);", "multiply(a1, K);",
       "device_tbo", "graph fusion: the up op of a gate K=2 / up K=3 pair decoded as K=2"),
+    M("gpu-norm-pair-own1", "gpu", "hip/escha.cu",
+      "half  * op1_xh  = own1 ? own1->xh : xh.get() + n_rows * IC;", "half  * op1_xh  = xh.get() + n_rows * IC;",
+      "device_tbo", "norm fusion: a SWIGLU pair whose xh a norm wrote multiplies its up op by an xh never written"),
     M("gpu-ahead-own-xh", "gpu", "hip/escha.cu",
       "half  * op_xh  = own ? own->xh : xh.get();", "half  * op_xh  = xh.get();",
       "device_tbo", "ahead: an op whose input transform ran ahead multiplies its own (never written) xh"),

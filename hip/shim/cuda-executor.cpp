@@ -438,6 +438,34 @@ int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * r
     return 0;
 }
 
+// escha.cu's norm fusion (escha_norm_xh_kernel): y[m][ic] = RMS_NORM of x's
+// rows (eps) times w, and the input transforms of n_ops ops of y (op j: its
+// rin[j], s_in[j]) into xh + j * m * ic, each op's mid (mid + j * m * ic,
+// an op of ic outputs) zeroed, on escha.cu's grid. x's rows lie stride
+// floats apart (>= ic, a multiple of 4).
+int ESCHA_SHIM_FN(norm_xh)(int64_t ic, const float * x, int64_t stride, int64_t m, const float * w, float eps, int n_ops,
+                            const uint16_t * const * rin, const float * const * s_in, float * y, uint16_t * xh, float * mid) {
+    if (ic <= 0 || ic % 128 || m <= 0 || stride < ic || stride % 4 || n_ops < 1 || n_ops > ESCHA_XH_OPS) {
+        return -1;
+    }
+    escha_rows rows = {};
+    rows.x   = (const char *) x;
+    rows.nb1 = stride * 4;
+    rows.nb2 = rows.nb3 = rows.nb1 * m;
+    rows.ne1 = rows.nx1 = m;
+    rows.ne2 = 1;
+    escha_xh_targets t = {};
+    for (int j = 0; j < n_ops; j++) {
+        escha_vecs v = {};
+        v.rin  = (const half *) rin[j];
+        v.s_in = s_in[j];
+        t.t[j] = { v, (half *) xh + j * m * ic, (float4 *) (mid + j * m * ic), m * ic / 4 };
+    }
+    launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m, (unsigned) n_ops), ESCHA_THREADS,
+           [&] { escha_norm_xh_kernel(rows, w, y, eps, t, m, (int) ic, true); });
+    return 0;
+}
+
 // The output transform alone: y[m][oc] from mid[m][oc].
 int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t * rout, const float * s_out, const float * bias,
                         float * y) {

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 
 #include "fibers.h"
@@ -150,6 +151,12 @@ static inline float __uint_as_float(uint32_t u) {
 
 static inline float __fmul_rn(float a, float b) {
     return a * b;
+}
+
+// The GPU's is approximate (MUFU.RSQ); tests of a kernel that takes it
+// check its output against its own scale, not these bits.
+static inline float rsqrtf(float v) {
+    return 1.0f / std::sqrt(v);
 }
 
 // Top 32 bits of (hi:lo) << (s & 31).

@@ -265,6 +265,10 @@ pub fn check_moe(what: &str, d: &MoeData, r: &Route, x: &[f32], got: &[f32]) -> 
 
 pub type DecodeFn = unsafe extern "C" fn(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
 pub type XhFn = unsafe extern "C" fn(ic: i64, x: *const f32, m: i64, rin: *const u16, s_in: *const f32, xh: *mut u16) -> i32;
+pub type NormXhFn = unsafe extern "C" fn(
+    ic: i64, x: *const f32, stride: i64, m: i64, w: *const f32, eps: f32, n_ops: i32, rin: *const *const u16,
+    s_in: *const *const f32, y: *mut f32, xh: *mut u16, mid: *mut f32,
+) -> i32;
 pub type OutFn = unsafe extern "C" fn(
     oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
 ) -> i32;
@@ -344,6 +348,7 @@ pub struct CudaShim {
     pub decode: DecodeFn,
     pub decode_weight: DecodeFn,
     pub xh: XhFn,
+    pub norm_xh: NormXhFn,
     pub out: OutFn,
     pub linear: LinearFn,
     pub linear_ahead: LinearAheadFn,
@@ -388,6 +393,67 @@ impl CudaShim {
                 for (c, w) in want.iter().enumerate() {
                     let g = got[r * 384 + c];
                     assert_eq!(g, f16::from_f32(*w).to_bits(), "{} input transform scales={scales} row {r} channel {c}", self.name);
+                }
+            }
+        }
+    }
+
+    /// escha.cu's norm fusion: the RMS norm of x's rows times w, written as
+    /// the norm's output y, and the input transforms of the escha ops that
+    /// read y, in one kernel. y must be the kernel's documented order
+    /// (escha_norm_scale: lane l's four f32 partials of channels 4l + 128i
+    /// + q by FMAs, paired, then the butterfly; 1/sqrt(mean + eps)) bit
+    /// for bit, and each op's xh the C reference's input transform of that
+    /// y; each op's mid comes back zeroed. Rows lie a stride apart (a view).
+    pub fn norm_transform_is_bit_exact(&self) {
+        let (ic, m, stride) = (384, 16, 392);
+        let mut rng = Rng::new(21);
+        let x = rng.f32s(m * stride, 0.0, 3.0);
+        let w = rng.f32s(ic, 1.0, 0.5);
+        let eps = 1e-6f32;
+        let ops = [dense_problem(22, 2, ic, 128, true, false), dense_problem(23, 3, ic, 256, false, false)];
+        let rin: Vec<*const u16> = ops.iter().map(|p| f16_ptr(&p.rin)).collect();
+        let s_in: Vec<*const f32> = ops.iter().map(|p| opt(p.s_in.as_deref())).collect();
+        let mut y = vec![f32::NAN; m * ic];
+        let mut xh = vec![0xFFFFu16; ops.len() * m * ic];
+        let mut mid = vec![f32::NAN; ops.len() * m * ic];
+        let rc = unsafe {
+            (self.norm_xh)(
+                ic as i64, x.as_ptr(), stride as i64, m as i64, w.as_ptr(), eps, ops.len() as i32, rin.as_ptr(), s_in.as_ptr(),
+                y.as_mut_ptr(), xh.as_mut_ptr(), mid.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0);
+        assert!(mid.iter().all(|v| v.to_bits() == 0), "{} norm fusion: every op's mid zeroed", self.name);
+        for r in 0..m {
+            let xr = &x[r * stride..r * stride + ic];
+            let mut lanes = [0f32; 32];
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let mut p = [0f32; 4];
+                for c in (4 * l..ic).step_by(128) {
+                    for (q, pq) in p.iter_mut().enumerate() {
+                        *pq = xr[c + q].mul_add(xr[c + q], *pq);
+                    }
+                }
+                *lane = (p[0] + p[1]) + (p[2] + p[3]);
+            }
+            for h in [16, 8, 4, 2, 1] {
+                let prev = lanes;
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    *lane = prev[l] + prev[l ^ h];
+                }
+            }
+            let scale = 1.0f32 / (lanes[0] / ic as f32 + eps).sqrt();
+            let want_y: Vec<f32> = (0..ic).map(|c| (xr[c] * scale) * w[c]).collect();
+            for c in 0..ic {
+                assert_eq!(y[r * ic + c].to_bits(), want_y[c].to_bits(), "{} norm fusion: y row {r} channel {c}", self.name);
+            }
+            for (j, p) in ops.iter().enumerate() {
+                let mut want = vec![0f32; ic];
+                input_transform(&want_y, &fold(&p.rin, p.s_in.as_deref()), &mut want);
+                for (c, v) in want.iter().enumerate() {
+                    let g = xh[(j * m + r) * ic + c];
+                    assert_eq!(g, f16::from_f32(*v).to_bits(), "{} norm fusion: op {j} xh row {r} channel {c}", self.name);
                 }
             }
         }
