@@ -78,6 +78,9 @@
 #            ahead, without (GGML_ESCHA_AHEAD=0), without escha's graph
 #            fusion, and Q4_K_M, three alternating rounds; ncu counts of
 #            input transform launches with and without
+#   norm-fusion  the same with a norm's launch running the input
+#            transforms of the ops after it and without
+#            (GGML_ESCHA_NORM_FUSION=0)
 #   fusion   the same with upstream's CUDA fusions and with
 #            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
@@ -244,6 +247,38 @@ bench_on_off() {
                 grep -E "pp512|tg128" "$out/$tag-$(basename "$f" .gguf)-$g.md"
             done
         done
+    done
+}
+# tg128 and one verify window (pp4) of the dense escha model in
+# TRANSFORM_ROUNDS (3) alternating rounds of each variant: shipped, an
+# ENV=VALUE setting, or q4km (the Q4_K_M twin, when written); then, under
+# ncu with CUDA graphs off, the input transform launches (escha_xh_kernel,
+# and escha_norm_xh_kernel of a fused norm) of one token as shipped and
+# with the first setting.
+transform_rounds() { # STEP VARIANT...
+    local step=$1 f g round v e first=
+    shift
+    f=$M/dense-escha.gguf
+    [ -f "$f" ] || die "$step: no $f (gen)"
+    for round in $(seq "${TRANSFORM_ROUNDS:-3}"); do
+        for v in "$@"; do
+            g=$f e=()
+            case $v in q4km) g=$M/dense-q4km.gguf; [ -f "$g" ] || continue ;; shipped) ;; *) e=("$v") ;; esac
+            env "${e[@]}" $B/llama-bench -m "$g" -ngl 99 -p 4 -n 128 -r 5 -o md > "$out/$step-$round-$v.md" 2>&1 \
+                || die "$step: llama-bench $v failed ($out/$step-$round-$v.md)"
+            echo "== round $round, $v"
+            grep -E "pp4|tg128" "$out/$step-$round-$v.md"
+        done
+    done
+    for v in "$@"; do case $v in shipped|q4km) ;; *) first=${first:-$v} ;; esac; done
+    command -v ncu > /dev/null || return 0
+    for v in shipped $first; do
+        e=(); [ $v = shipped ] || e=("$v")
+        env "${e[@]}" GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            --kernel-name regex:escha_.*xh_kernel $B/llama-bench -m "$f" -ngl 99 -p 0 -n 1 -r 1 > "$out/$step-xh-$v.csv" \
+            2> "$out/$step-xh-$v.log" || die "$step: ncu $v failed ($out/$step-xh-$v.log)"
+        echo "$v, 2 tokens: $(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_xh_kernel') input transform launches," \
+            "$(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_norm_xh_kernel') fused norm launches"
     done
 }
 # GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
@@ -581,33 +616,15 @@ for step in "$@"; do
         # GGML_ESCHA_FUSED_DENSE=1 ("off" in the logs' names).
         bench_on_off fused-dense GGML_ESCHA_FUSED_DENSE=1 ;;
     ahead)
-        # Input transforms run ahead (escha.cu's escha_plan_ahead): tg128 and
-        # one verify window (pp4) of the dense escha model in alternating
-        # rounds: as shipped, without them (GGML_ESCHA_AHEAD=0), without any
-        # escha graph fusion (GGML_ESCHA_GRAPH_FUSION=0), and Q4_K_M when
-        # written (q4km); then the input transform launches of one token
-        # with and without them (ncu, CUDA graphs off).
-        f=$M/dense-escha.gguf
-        [ -f "$f" ] || die "ahead: no $f (gen)"
-        for round in 1 2 3; do
-            for v in shipped GGML_ESCHA_AHEAD=0 GGML_ESCHA_GRAPH_FUSION=0 q4km; do
-                g=$f; e=()
-                case $v in q4km) g=$M/dense-q4km.gguf; [ -f "$g" ] || continue ;; shipped) ;; *) e=("$v") ;; esac
-                env "${e[@]}" $B/llama-bench -m "$g" -ngl 99 -p 4 -n 128 -r 5 -o md > "$out/ahead-$round-$v.md" 2>&1 \
-                    || die "ahead: llama-bench $v failed ($out/ahead-$round-$v.md)"
-                echo "== round $round, $v"
-                grep -E "pp4|tg128" "$out/ahead-$round-$v.md"
-            done
-        done
-        if command -v ncu > /dev/null; then
-            for v in shipped GGML_ESCHA_AHEAD=0; do
-                e=(); [ $v = shipped ] || e=("$v")
-                env "${e[@]}" GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-                    --kernel-name regex:escha_xh_kernel $B/llama-bench -m "$f" -ngl 99 -p 0 -n 1 -r 1 > "$out/ahead-xh-$v.csv" \
-                    2> "$out/ahead-xh-$v.log" || die "ahead: ncu $v failed ($out/ahead-xh-$v.log)"
-                echo "$v: $(grep -c '"gpu__time_duration.sum"' "$out/ahead-xh-$v.csv") input transform launches in 2 tokens"
-            done
-        fi ;;
+        # Input transforms run ahead (escha.cu's escha_plan_ahead): as
+        # shipped, without them (GGML_ESCHA_AHEAD=0), without any escha
+        # graph fusion (GGML_ESCHA_GRAPH_FUSION=0), and Q4_K_M.
+        transform_rounds ahead shipped GGML_ESCHA_AHEAD=0 GGML_ESCHA_GRAPH_FUSION=0 q4km ;;
+    norm-fusion)
+        # A norm's launch running the input transforms of the ops after it
+        # (escha.cu's escha_try_fuse_norm): as shipped, without it
+        # (GGML_ESCHA_NORM_FUSION=0), and Q4_K_M.
+        transform_rounds norm-fusion shipped GGML_ESCHA_NORM_FUSION=0 q4km ;;
     escha-fusion)
         # escha's own graph fusion (ggml_cuda_escha_try_fuse: a gate and up
         # op pair with their SWIGLU, an op with its residual ADD, each as one
