@@ -416,17 +416,23 @@ int ESCHA_SHIM_FN(decode_weight)(int k, int64_t ic, int64_t oc, const int16_t * 
     return 0;
 }
 
+// m dense rows of x, stride floats apart.
+escha_rows dense_rows(const float * x, const int64_t stride, const int64_t m) {
+    escha_rows rows = {};
+    rows.x   = (const char *) x;
+    rows.nb1 = stride * 4;
+    rows.nb2 = rows.nb3 = rows.nb1 * m;
+    rows.ne1 = rows.nx1 = m;
+    rows.ne2 = 1;
+    return rows;
+}
+
 // The input transform alone: xh[m][ic] (f16 bits) from x[m][ic].
 int ESCHA_SHIM_FN(xh)(int64_t ic, const float * x, int64_t m, const uint16_t * rin, const float * s_in, uint16_t * xh) {
     if (ic <= 0 || ic % 128 || m <= 0) {
         return -1;
     }
-    escha_rows rows = {};
-    rows.x   = (const char *) x;
-    rows.nb1 = ic * 4;
-    rows.nb2 = rows.nb3 = rows.nb1 * m;
-    rows.ne1 = rows.nx1 = m;
-    rows.ne2 = 1;
+    const escha_rows rows = dense_rows(x, ic, m);
     escha_vecs v = {};
     v.rin  = (const half *) rin;
     v.s_in = s_in;
@@ -448,12 +454,7 @@ int ESCHA_SHIM_FN(norm_xh)(int64_t ic, const float * x, int64_t stride, int64_t 
     if (ic <= 0 || ic % 128 || m <= 0 || stride < ic || stride % 4 || n_ops < 1 || n_ops > ESCHA_XH_OPS) {
         return -1;
     }
-    escha_rows rows = {};
-    rows.x   = (const char *) x;
-    rows.nb1 = stride * 4;
-    rows.nb2 = rows.nb3 = rows.nb1 * m;
-    rows.ne1 = rows.nx1 = m;
-    rows.ne2 = 1;
+    const escha_rows rows = dense_rows(x, stride, m);
     escha_xh_targets t = {};
     for (int j = 0; j < n_ops; j++) {
         escha_vecs v = {};
@@ -472,9 +473,7 @@ int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t 
     if (oc <= 0 || oc % 128 || m <= 0) {
         return -1;
     }
-    escha_rows rows = {};
-    rows.ne1 = rows.nx1 = m;
-    rows.ne2 = 1;
+    const escha_rows rows = dense_rows(nullptr, oc, m); // the output transform reads no x
     escha_vecs v = {};
     v.rout  = (const half *) rout;
     v.s_out = s_out;
@@ -502,14 +501,7 @@ int ESCHA_SHIM_FN(linear_ahead)(int k, int64_t ic, int64_t oc, const int16_t * c
     if (!shape_ok(k, ic, oc) || m <= 0 || (code1 && !shape_ok(k1, ic, oc)) || n_later < 0 || (n_later > 0 && !later)) {
         return -1;
     }
-    escha_rows rows = {};
-    rows.x   = (const char *) x;
-    rows.nb1 = ic * 4;
-    rows.nb2 = rows.nb1 * m;
-    rows.nb3 = rows.nb2;
-    rows.ne1 = m;
-    rows.ne2 = 1;
-    rows.nx1 = m;
+    const escha_rows rows = dense_rows(x, ic, m);
     escha_vecs v = {};
     v.rin   = (const half *) rin;
     v.rout  = (const half *) rout;
@@ -566,10 +558,7 @@ int ESCHA_SHIM_FN(linear_ahead)(int k, int64_t ic, int64_t oc, const int16_t * c
     for (int l = 0; l < n_later && rc == 0; l++) {
         const escha_shim_later & o = later[l];
         const int64_t lic = o.next ? oc : ic;
-        escha_rows lrows = rows;
-        lrows.x   = (const char *) (o.next ? y : x);
-        lrows.nb1 = lic * 4;
-        lrows.nb2 = lrows.nb3 = lrows.nb1 * m;
+        const escha_rows lrows = dense_rows(o.next ? y : x, lic, m);
         escha_mm_args la = a;
         la.code = (const uint32_t *) o.code;
         la.KT   = (int) (lic / 16);
