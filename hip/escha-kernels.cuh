@@ -330,12 +330,15 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
     const int i0   = blk * 128 + lane * 4;
     const bool in  = blk * 128 < IC;
     float wq[4] = {}, re[4] = {};
-    if (early && in) {
+    auto load_weights = [&]() {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             wq[q] = w[i0 + q];
         }
         escha_rin_eff(o.v, 0, i0, re);
+    };
+    if (early && in) {
+        load_weights();
     }
     escha_kernel_begin();
     escha_zero_mid(o.mid, o.n_mid4);
@@ -343,11 +346,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
         return;
     }
     if (!early) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            wq[q] = w[i0 + q];
-        }
-        escha_rin_eff(o.v, 0, i0, re);
+        load_weights();
     }
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
         int e;

@@ -270,6 +270,19 @@ static bool escha_is_weight(const ggml_tensor * t) {
     return t == nullptr || (t->op == GGML_OP_NONE && t->view_src == nullptr);
 }
 
+// The rows of a dense x (every row expert 0's) as the kernels address them.
+static escha_rows escha_dense_rows(const ggml_tensor * x) {
+    escha_rows rows = {};
+    rows.x   = (const char *) x->data;
+    rows.nb1 = x->nb[1];
+    rows.nb2 = x->nb[2];
+    rows.nb3 = x->nb[3];
+    rows.ne1 = x->ne[1];
+    rows.ne2 = x->ne[2];
+    rows.nx1 = x->ne[1];
+    return rows;
+}
+
 // Whether an op's weights (code and per-channel vectors) are all
 // escha_is_weight: what its kernels may load before their wait.
 static bool escha_op_weights_only(const escha_op & o) {
@@ -443,16 +456,14 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     GGML_ASSERT(!pair || (!op.moe && !fu.second->moe && fu.second->ic == op.ic && fu.second->oc == op.oc &&
                           fu.second->n_slots == n_rows && fu.second->x == op.x));
 
-    escha_rows rows = {};
-    rows.x   = (const char *) op.x->data;
-    rows.nb1 = op.x->nb[1];
-    rows.nb2 = op.x->nb[2];
-    rows.nb3 = op.moe ? 0 : op.x->nb[3];
-    rows.ne1 = op.moe ? op.n_used : op.x->ne[1];
-    rows.ne2 = op.moe ? op.n_tokens : op.x->ne[2];
-    rows.nx1 = op.x->ne[1];
-    rows.ids = op.moe ? (const int32_t *) op.ids->data : nullptr;
-    rows.si1 = op.moe ? op.ids->nb[1] / sizeof(int32_t) : 0;
+    escha_rows rows = escha_dense_rows(op.x);
+    if (op.moe) {
+        rows.nb3 = 0;
+        rows.ne1 = op.n_used;
+        rows.ne2 = op.n_tokens;
+        rows.ids = (const int32_t *) op.ids->data;
+        rows.si1 = op.ids->nb[1] / sizeof(int32_t);
+    }
     rows.n_expert = op.n_expert;
 
     const escha_vecs v  = escha_vecs_of(op);
@@ -828,6 +839,34 @@ static bool escha_epilogue_at(const ggml_cgraph * cgraph, const int i, const int
     return true;
 }
 
+// The escha ops after node `last` that read x's memory, each parsed into
+// ops[] by takes(j, op) (false ends the scan), up to the first other escha
+// op or the first node that writes x's memory, at most max: the ops whose
+// input transform an earlier launch can run (escha_plan_ahead's share,
+// escha_try_fuse_norm). Gives their number.
+template <typename Takes>
+static int escha_readers_after(const ggml_cgraph * cgraph, const int last, const ggml_tensor * x, escha_op * ops, const int max,
+                               Takes takes) {
+    int n = 0;
+    for (int j = last + 1; j < cgraph->n_nodes && n < max; j++) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (escha_noop(t)) {
+            continue;
+        }
+        if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
+            if (!takes(j, ops[n])) {
+                break;
+            }
+            n++;
+            continue;
+        }
+        if (escha_overlaps(t, x)) {
+            break;
+        }
+    }
+    return n;
+}
+
 // The ahead state of this device and stream as of node i of cgraph, or
 // nullptr (escha_ahead_on is false). The slots belong to one graph
 // evaluation: a new one (another graph, or this one from its start again)
@@ -889,25 +928,10 @@ static int escha_try_fuse_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * cg
         return 0;
     }
     escha_op ops[ESCHA_XH_OPS];
-    int n_ops = 0;
-    for (int j = i + 2; j < cgraph->n_nodes && n_ops < ESCHA_XH_OPS; j++) {
-        const ggml_tensor * t = cgraph->nodes[j];
-        if (escha_noop(t)) {
-            continue;
-        }
-        if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
-            escha_op c;
-            if (!escha_fusable(t, c) || c.x->data != mul->data || c.x->type != GGML_TYPE_F32 || !ggml_is_contiguous(c.x) ||
-                c.ic != IC || c.n_slots != n_rows) {
-                break;
-            }
-            ops[n_ops++] = c;
-            continue;
-        }
-        if (escha_overlaps(t, mul)) {
-            break;
-        }
-    }
+    const int n_ops = escha_readers_after(cgraph, i + 1, mul, ops, ESCHA_XH_OPS, [&](const int j, escha_op & c) {
+        return escha_fusable(cgraph->nodes[j], c) && c.x->data == mul->data && c.x->type == GGML_TYPE_F32 && ggml_is_contiguous(c.x) &&
+               c.ic == IC && c.n_slots == n_rows;
+    });
     cudaStream_t stream = ctx.stream();
     bool early = escha_early_allowed() && escha_is_weight(w);
     escha_xh_targets t = {};
@@ -925,14 +949,7 @@ static int escha_try_fuse_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * cg
     }
     float eps;
     memcpy(&eps, norm->op_params, sizeof(float));
-    escha_rows rows = {};
-    rows.x   = (const char *) x->data;
-    rows.nb1 = x->nb[1];
-    rows.nb2 = x->nb[2];
-    rows.nb3 = x->nb[3];
-    rows.ne1 = x->ne[1];
-    rows.ne2 = x->ne[2];
-    rows.nx1 = x->ne[1];
+    const escha_rows rows = escha_dense_rows(x);
     escha_kernel_launch(escha_norm_xh_kernel, dim3((unsigned) ((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) n_rows, (unsigned) n),
                         stream, rows, (const float *) w->data, (float *) mul->data, eps, t, n_rows, (int) IC, early);
     return 1;
@@ -962,24 +979,10 @@ static bool escha_ahead_target(const ggml_cgraph * cgraph, const int j, escha_op
 static void escha_plan_ahead(const ggml_cgraph * cgraph, const int last, const escha_op & a, const ggml_tensor * out,
                              escha_ahead_state & st, escha_fusion & fu) {
     if (fu.second == nullptr && escha_ahead_find(st, a.dst) == nullptr) {
-        for (int j = last + 1; j < cgraph->n_nodes && fu.n_share < ESCHA_SHARE_MAX; j++) {
-            const ggml_tensor * t = cgraph->nodes[j];
-            if (escha_noop(t)) {
-                continue;
-            }
-            if (t->op == GGML_OP_ESCHA_LINEAR || t->op == GGML_OP_ESCHA_MOE) {
-                escha_op c;
-                if (!escha_ahead_target(cgraph, j, c) || c.n_slots != a.n_slots || c.x->data != a.x->data ||
-                    c.x->type != a.x->type || !ggml_are_same_shape(c.x, a.x) || !ggml_are_same_stride(c.x, a.x)) {
-                    break;
-                }
-                fu.share[fu.n_share++] = c;
-                continue;
-            }
-            if (escha_overlaps(t, a.x)) {
-                break;
-            }
-        }
+        fu.n_share = escha_readers_after(cgraph, last, a.x, fu.share, ESCHA_SHARE_MAX, [&](const int j, escha_op & c) {
+            return escha_ahead_target(cgraph, j, c) && c.n_slots == a.n_slots && c.x->data == a.x->data && c.x->type == a.x->type &&
+                   ggml_are_same_shape(c.x, a.x) && ggml_are_same_stride(c.x, a.x);
+        });
     }
     for (int j = last + 1; j < cgraph->n_nodes; j++) {
         const ggml_tensor * t = cgraph->nodes[j];
