@@ -375,6 +375,84 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
     }
 }
 
+// An f32 tensor read in its logical element order (a view of any strides
+// whose rows, ne0 elements, are contiguous): element n of the flattened
+// tensor. A lane's 4 elements from n (n and ne0 multiples of 4) lie in one
+// row. The gate of Qwen3.5's full attention is such a view: every other
+// head_dim block of the query projection's output.
+struct escha_strided {
+    const char * data;
+    int64_t      ne0, ne1, ne2;
+    int64_t      nb1, nb2, nb3;
+
+    __device__ __forceinline__ const float * at(const int64_t n) const {
+        const int64_t i0 = n % ne0, q = n / ne0;
+        const int64_t i1 = q % ne1, i2 = (q / ne1) % ne2, i3 = q / (ne1 * ne2);
+        return (const float *) (data + i1 * nb1 + i2 * nb2 + i3 * nb3) + i0;
+    }
+};
+
+// sigmoid(x) as ggml-cuda computes it (op_sigmoid of its unary kernels).
+static __device__ __forceinline__ float escha_sigmoid(const float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// The gate of Qwen3.5's full attention, y = a * sigmoid(g) (llama.cpp's
+// SIGMOID and MUL nodes after the attention, the CONT of g's view before
+// them), folded into the input transform of the escha op that reads y
+// (the output projection; escha.cu's graph fusion): one launch in place of
+// up to three and the transform's. a: rows of IC contiguous values; g: the
+// gate in the same element order; y_out: the MUL's output (IC per row,
+// contiguous), stored by grid z 0 for any other reader. Block and grid as
+// escha_xh_kernel's: grid z serves op targets.t[z], its xh and its mid
+// zeroed. y_out may be a's memory (in place) only with one target: each
+// thread stores the very elements it read. early: rin_eff (a weight)
+// loaded before the wait.
+static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gate_xh_kernel(
+        const escha_rows rows, const escha_strided g, float * y_out, const escha_xh_targets targets, const int64_t n_rows,
+        const int IC, const bool early) {
+    const escha_xh_target o = escha_xh_pick(targets, (int) blockIdx.z);
+    const int lane = threadIdx.x % ESCHA_LANES;
+    const int blk  = blockIdx.x * ESCHA_WARPS + threadIdx.x / ESCHA_LANES;
+    const int i0   = blk * 128 + lane * 4;
+    const bool in  = blk * 128 < IC;
+    float re[4] = {};
+    if (early && in) {
+        escha_rin_eff(o.v, 0, i0, re);
+    }
+    escha_kernel_begin();
+    escha_zero_mid(o.mid, o.n_mid4);
+    if (!in) {
+        return;
+    }
+    if (!early) {
+        escha_rin_eff(o.v, 0, i0, re);
+    }
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        int e;
+        bool bad;
+        const float * a  = rows.row(r, e, bad) + i0;
+        const float * gq = g.at(r * IC + i0);
+        float y[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            y[q] = __fmul_rn(a[q], escha_sigmoid(gq[q]));
+        }
+        if (blockIdx.z == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                y_out[r * IC + i0 + q] = y[q];
+            }
+        }
+        half h[4];
+        escha_xh_from(y, re, lane, h);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            o.xh[r * IC + i0 + q] = h[q];
+        }
+    }
+}
+
 // rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
 static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
 #pragma unroll
