@@ -81,9 +81,6 @@
 #   norm-fusion  the same with a norm's launch running the input
 #            transforms of the ops after it and without
 #            (GGML_ESCHA_NORM_FUSION=0)
-#   gate-fusion  the same with the attention gate (CONT, SIGMOID, MUL)
-#            run in the output projection's input transform and without
-#            (GGML_ESCHA_GATE_FUSION=0)
 #   fusion   the same with upstream's CUDA fusions and with
 #            GGML_CUDA_DISABLE_FUSION=1
 #   pdl      the same with programmatic dependent launch and with
@@ -281,8 +278,7 @@ transform_rounds() { # STEP VARIANT...
             --kernel-name regex:escha_.*xh_kernel $B/llama-bench -m "$f" -ngl 99 -p 0 -n 1 -r 1 > "$out/$step-xh-$v.csv" \
             2> "$out/$step-xh-$v.log" || die "$step: ncu $v failed ($out/$step-xh-$v.log)"
         echo "$v, 2 tokens: $(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_xh_kernel') input transform launches," \
-            "$(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_norm_xh_kernel') fused norm launches," \
-            "$(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_gate_xh_kernel') fused gate launches"
+            "$(grep '"gpu__time_duration.sum"' "$out/$step-xh-$v.csv" | grep -c 'escha_norm_xh_kernel') fused norm launches"
     done
 }
 # GPU mutants (tests/mutants.py's, packed as patches by device-pack.sh):
@@ -629,11 +625,6 @@ for step in "$@"; do
         # (escha.cu's escha_try_fuse_norm): as shipped, without it
         # (GGML_ESCHA_NORM_FUSION=0), and Q4_K_M.
         transform_rounds norm-fusion shipped GGML_ESCHA_NORM_FUSION=0 q4km ;;
-    gate-fusion)
-        # The attention gate's CONT, SIGMOID and MUL run in the output
-        # projection's input transform (escha.cu's escha_try_fuse_gate): as
-        # shipped, without it (GGML_ESCHA_GATE_FUSION=0), and Q4_K_M.
-        transform_rounds gate-fusion shipped GGML_ESCHA_GATE_FUSION=0 q4km ;;
     escha-fusion)
         # escha's own graph fusion (ggml_cuda_escha_try_fuse: a gate and up
         # op pair with their SWIGLU, an op with its residual ADD, each as one

@@ -955,80 +955,6 @@ static int escha_try_fuse_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * cg
     return 1;
 }
 
-// Nodes from i as Qwen3.5's attention gate: [CONT of a view g,] SIGMOID of
-// it (or of g itself), and a MUL of an f32 tensor a by that, y = a *
-// sigmoid(g), whose product later escha ops read (the output projection):
-// escha_gate_xh_kernel computes y and those ops' input transforms in one
-// launch, in place of the CONT's, the SIGMOID's, the MUL's and each op's
-// own input transform (GGML_ESCHA_GATE_FUSION=0 turns it off, for
-// measuring). The ops: as escha_try_fuse_norm's. The CONT's and the
-// SIGMOID's outputs are never written, so each must be used once, by the
-// node after it. y may be a's memory (in place, a contiguous) only when one
-// op reads it, and may not overlap g (read at other offsets). Gives the
-// number of nodes after i computed too (1 or 2), or 0.
-static int escha_try_fuse_gate(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
-    static const bool off = escha_env_off("GGML_ESCHA_GATE_FUSION");
-    if (off) {
-        return 0;
-    }
-    auto is_sigmoid = [](const ggml_tensor * t) {
-        return t->op == GGML_OP_UNARY && ggml_get_unary_op(t) == GGML_UNARY_OP_SIGMOID;
-    };
-    const bool cont = cgraph->nodes[i]->op == GGML_OP_CONT;
-    const int is = cont ? i + 1 : i; // the SIGMOID
-    if (is + 1 >= cgraph->n_nodes || !is_sigmoid(cgraph->nodes[is]) || (cont && cgraph->nodes[is]->src[0] != cgraph->nodes[i])) {
-        return 0;
-    }
-    const ggml_tensor * sig = cgraph->nodes[is];
-    ggml_tensor * mul = cgraph->nodes[is + 1];
-    const ggml_tensor * g = cgraph->nodes[i]->src[0]; // the CONT's source, or the SIGMOID's
-    if (mul->op != GGML_OP_MUL || !(mul->flags & GGML_TENSOR_FLAG_COMPUTE) || (mul->src[0] == sig) == (mul->src[1] == sig) ||
-        (cont && !escha_used_once(cgraph, i, false)) || !escha_used_once(cgraph, is, false)) {
-        return 0;
-    }
-    const ggml_tensor * a = mul->src[0] == sig ? mul->src[1] : mul->src[0];
-    const int64_t IC = mul->ne[0], n_rows = ggml_nrows(mul);
-    if (a->type != GGML_TYPE_F32 || a->nb[0] != sizeof(float) || a->data == nullptr || !ggml_are_same_shape(a, mul) ||
-        g->type != GGML_TYPE_F32 || g->nb[0] != sizeof(float) || g->data == nullptr || g->ne[0] % 4 != 0 ||
-        ggml_nelements(g) != ggml_nelements(mul) || (!cont && !ggml_are_same_shape(g, mul)) || sig->type != GGML_TYPE_F32 ||
-        !ggml_are_same_shape(sig, mul) ||
-        IC % 128 != 0 || IC > INT32_MAX || n_rows == 0 || n_rows > ESCHA_CUDA_GEMV_MAX_ROWS ||
-        !escha_like_output(mul, n_rows * IC) || escha_overlaps(mul, g) ||
-        (escha_overlaps(mul, a) && (a->data != mul->data || !ggml_is_contiguous(a)))) {
-        return 0;
-    }
-    escha_ahead_state * st = escha_ahead_at(ctx, cgraph, i);
-    if (st == nullptr) {
-        return 0;
-    }
-    const int max_ops = escha_overlaps(mul, a) ? 1 : ESCHA_XH_OPS;
-    escha_op ops[ESCHA_XH_OPS];
-    const int n_ops = escha_readers_after(cgraph, is + 1, mul, ops, max_ops, [&](const int j, escha_op & c) {
-        return escha_fusable(cgraph->nodes[j], c) && c.x->data == mul->data && c.x->type == GGML_TYPE_F32 && ggml_is_contiguous(c.x) &&
-               c.ic == IC && c.n_slots == n_rows;
-    });
-    cudaStream_t stream = ctx.stream();
-    bool early = escha_early_allowed();
-    escha_xh_targets t = {};
-    int n = 0;
-    for (int k = 0; k < n_ops; k++) {
-        const escha_op & c = ops[k];
-        escha_ahead_slot * slot = escha_ahead_claim(*st, c.dst, (size_t) (n_rows * IC), (size_t) (n_rows * c.oc), stream);
-        if (slot) {
-            t.t[n++] = { escha_vecs_of(c), slot->xh, (float4 *) slot->mid, n_rows * c.oc / 4 };
-            early = early && escha_op_weights_only(c);
-        }
-    }
-    if (n == 0) {
-        return 0;
-    }
-    const escha_strided gs = { (const char *) g->data, g->ne[0], g->ne[1], g->ne[2], (int64_t) g->nb[1], (int64_t) g->nb[2],
-                               (int64_t) g->nb[3] };
-    escha_kernel_launch(escha_gate_xh_kernel, dim3((unsigned) ((IC / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) n_rows, (unsigned) n),
-                        stream, escha_dense_rows(a), gs, (float *) mul->data, t, n_rows, (int) IC, early);
-    return is + 1 - i;
-}
-
 // Whether node j is a dense op that can take its input transform from an
 // earlier op's launches (escha_fusable, and not the first op of a SWIGLU
 // pair, which runs its pair's), parsed into c.
@@ -1093,10 +1019,9 @@ static void escha_plan_ahead(const ggml_cgraph * cgraph, const int last, const e
 // GGML_CUDA_GRAPH_OPT runs branches on concurrent streams, no input
 // transform runs ahead.
 //
-// At an RMS_NORM node, escha_try_fuse_norm; at a CONT or a UNARY node,
-// escha_try_fuse_gate; at an escha op, the fusions above. Gives the number
-// of nodes after i that the launches computed too (0: node i runs as
-// ggml-cuda runs it).
+// At an RMS_NORM node, escha_try_fuse_norm; at an escha op, the fusions
+// above. Gives the number of nodes after i that the launches computed too
+// (0: node i runs as ggml-cuda runs it).
 int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i) {
     // GGML_ESCHA_GRAPH_FUSION=0 runs every node alone, for measuring.
     static const bool off = escha_env_off("GGML_ESCHA_GRAPH_FUSION");
@@ -1105,9 +1030,6 @@ int ggml_cuda_escha_try_fuse(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     }
     if (cgraph->nodes[i]->op == GGML_OP_RMS_NORM) {
         return escha_try_fuse_norm(ctx, cgraph, i);
-    }
-    if (cgraph->nodes[i]->op == GGML_OP_CONT || cgraph->nodes[i]->op == GGML_OP_UNARY) {
-        return escha_try_fuse_gate(ctx, cgraph, i);
     }
     escha_op a;
     if (!escha_fusable(cgraph->nodes[i], a)) {

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, GateXhFn, NormXhFn, OutFn, XhFn};
+use common::shim::{CudaShim, DecodeFn, LinearFn, LaterOp, LinearAheadFn, MoeFn, NormXhFn, OutFn, XhFn};
 
 extern "C" {
     fn escha_cuda_shim_decode(k: i32, ic: i64, oc: i64, code: *const i16, w: *mut u16) -> i32;
@@ -21,10 +21,6 @@ extern "C" {
     fn escha_cuda_shim_norm_xh(
         ic: i64, x: *const f32, stride: i64, m: i64, w: *const f32, eps: f32, n_ops: i32, rin: *const *const u16,
         s_in: *const *const f32, y: *mut f32, xh: *mut u16, mid: *mut f32,
-    ) -> i32;
-    fn escha_cuda_shim_gate_xh(
-        ic: i64, a: *const f32, m: i64, g: *const f32, hd: i64, g_head: i64, g_row: i64, rin: *const u16,
-        s_in: *const f32, y: *mut f32, xh: *mut u16, mid: *mut f32,
     ) -> i32;
     fn escha_cuda_shim_out(
         oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
@@ -54,7 +50,6 @@ const CUDA: CudaShim = CudaShim {
         decode_weight: escha_cuda_shim_decode_weight as DecodeFn,
     xh: escha_cuda_shim_xh as XhFn,
     norm_xh: escha_cuda_shim_norm_xh as NormXhFn,
-        gate_xh: escha_cuda_shim_gate_xh as GateXhFn,
     out: escha_cuda_shim_out as OutFn,
     linear: escha_cuda_shim_linear as LinearFn,
         linear_ahead: escha_cuda_shim_linear_ahead as LinearAheadFn,
@@ -80,11 +75,6 @@ fn input_transform_is_bit_exact() {
 #[test]
 fn norm_transform_is_bit_exact() {
     CUDA.norm_transform_is_bit_exact();
-}
-
-#[test]
-fn gate_transform_is_bit_exact() {
-    CUDA.gate_transform_is_bit_exact();
 }
 
 #[test]

@@ -467,30 +467,6 @@ int ESCHA_SHIM_FN(norm_xh)(int64_t ic, const float * x, int64_t stride, int64_t 
     return 0;
 }
 
-// escha.cu's attention gate fusion (escha_gate_xh_kernel): y[m][ic] = a *
-// sigmoid(g) and the input transform of one op of y (rin, s_in) into xh,
-// its mid (m * ic floats) zeroed, on escha.cu's grid. a: contiguous rows;
-// g: a view of heads of hd values (hd a multiple of 4, dividing ic), head h
-// of row r at g + r * g_row + h * g_head floats (the query projection's
-// gate half).
-int ESCHA_SHIM_FN(gate_xh)(int64_t ic, const float * a, int64_t m, const float * g, int64_t hd, int64_t g_head, int64_t g_row,
-                            const uint16_t * rin, const float * s_in, float * y, uint16_t * xh, float * mid) {
-    if (ic <= 0 || ic % 128 || m <= 0 || hd <= 0 || hd % 4 || ic % hd || g_head < hd || g_row < (ic / hd) * g_head) {
-        return -1;
-    }
-    const escha_rows rows = dense_rows(a, ic, m);
-    const escha_strided gs = { (const char *) g, hd, ic / hd, m, (int64_t) (g_head * sizeof(float)), (int64_t) (g_row * sizeof(float)),
-                               (int64_t) (m * g_row * sizeof(float)) };
-    escha_xh_targets t = {};
-    escha_vecs v = {};
-    v.rin  = (const half *) rin;
-    v.s_in = s_in;
-    t.t[0] = { v, (half *) xh, (float4 *) mid, m * ic / 4 };
-    launch(dim3((unsigned) ((ic / 128 + ESCHA_WARPS - 1) / ESCHA_WARPS), (unsigned) m, 1u), ESCHA_THREADS,
-           [&] { escha_gate_xh_kernel(rows, gs, y, t, m, (int) ic, true); });
-    return 0;
-}
-
 // The output transform alone: y[m][oc] from mid[m][oc].
 int ESCHA_SHIM_FN(out)(int64_t oc, const float * mid, int64_t m, const uint16_t * rout, const float * s_out, const float * bias,
                         float * y) {

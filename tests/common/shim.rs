@@ -269,10 +269,6 @@ pub type NormXhFn = unsafe extern "C" fn(
     ic: i64, x: *const f32, stride: i64, m: i64, w: *const f32, eps: f32, n_ops: i32, rin: *const *const u16,
     s_in: *const *const f32, y: *mut f32, xh: *mut u16, mid: *mut f32,
 ) -> i32;
-pub type GateXhFn = unsafe extern "C" fn(
-    ic: i64, a: *const f32, m: i64, g: *const f32, hd: i64, g_head: i64, g_row: i64, rin: *const u16, s_in: *const f32,
-    y: *mut f32, xh: *mut u16, mid: *mut f32,
-) -> i32;
 pub type OutFn = unsafe extern "C" fn(
     oc: i64, mid: *const f32, m: i64, rout: *const u16, s_out: *const f32, bias: *const f32, y: *mut f32,
 ) -> i32;
@@ -353,7 +349,6 @@ pub struct CudaShim {
     pub decode_weight: DecodeFn,
     pub xh: XhFn,
     pub norm_xh: NormXhFn,
-    pub gate_xh: GateXhFn,
     pub out: OutFn,
     pub linear: LinearFn,
     pub linear_ahead: LinearAheadFn,
@@ -459,54 +454,6 @@ impl CudaShim {
                 for (c, v) in want.iter().enumerate() {
                     let g = xh[(j * m + r) * ic + c];
                     assert_eq!(g, f16::from_f32(*v).to_bits(), "{} norm fusion: op {j} xh row {r} channel {c}", self.name);
-                }
-            }
-        }
-    }
-
-    /// escha.cu's attention gate fusion: y = a * sigmoid(g), g read from
-    /// the gate half of each head of a query projection's output (heads of
-    /// hd values a stride apart, rows another), written as the MUL's output
-    /// y, and the input transform of the op that reads y; its mid comes
-    /// back zeroed. y must be a * (1 / (1 + exp(-g))) in f32 bit for bit
-    /// (ggml-cuda's sigmoid, then its multiply), xh the C reference's input
-    /// transform of that y. hd 64 puts two heads in one 128-block.
-    pub fn gate_transform_is_bit_exact(&self) {
-        let (ic, m) = (384, 5);
-        for hd in [64usize, 128] {
-            let heads = ic / hd;
-            let (g_head, g_row) = (2 * hd, heads * 2 * hd);
-            let mut rng = Rng::new(31 + hd as u64);
-            let a = rng.f32s(m * ic, 0.0, 2.0);
-            let q = rng.f32s(m * g_row, 0.0, 4.0);
-            let p = dense_problem(32, 2, ic, 256, true, false);
-            let mut y = vec![f32::NAN; m * ic];
-            let mut xh = vec![0xFFFFu16; m * ic];
-            let mut mid = vec![f32::NAN; m * ic];
-            let rc = unsafe {
-                (self.gate_xh)(
-                    ic as i64, a.as_ptr(), m as i64, q[hd..].as_ptr(), hd as i64, g_head as i64, g_row as i64, f16_ptr(&p.rin),
-                    opt(p.s_in.as_deref()), y.as_mut_ptr(), xh.as_mut_ptr(), mid.as_mut_ptr(),
-                )
-            };
-            assert_eq!(rc, 0);
-            assert!(mid.iter().all(|v| v.to_bits() == 0), "{} gate fusion hd={hd}: mid zeroed", self.name);
-            let rin_eff = fold(&p.rin, p.s_in.as_deref());
-            for r in 0..m {
-                let want_y: Vec<f32> = (0..ic)
-                    .map(|c| {
-                        let g = q[r * g_row + (c / hd) * g_head + hd + c % hd];
-                        a[r * ic + c] * (1.0f32 / (1.0f32 + (-g).exp()))
-                    })
-                    .collect();
-                for c in 0..ic {
-                    assert_eq!(y[r * ic + c].to_bits(), want_y[c].to_bits(), "{} gate fusion hd={hd}: y row {r} channel {c}", self.name);
-                }
-                let mut want = vec![0f32; ic];
-                input_transform(&want_y, &rin_eff, &mut want);
-                for (c, v) in want.iter().enumerate() {
-                    let got = xh[r * ic + c];
-                    assert_eq!(got, f16::from_f32(*v).to_bits(), "{} gate fusion hd={hd}: xh row {r} channel {c}", self.name);
                 }
             }
         }
