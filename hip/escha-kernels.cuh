@@ -1084,36 +1084,6 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 #define ESCHA_GEMV_MMA 1
 #endif
 
-// Tile rows a stage of the fused kernel's code in shared memory (two
-// stages a warp: 12 KB for K=3 at 4 tiles a warp, beside its 4 KB of xh).
-static constexpr int ESCHA_FUSED_STAGE = 8;
-
-// 16 bytes from global to shared memory without a register stop: an
-// asynchronous copy on sm_80 and later (waited for by escha_copy_wait),
-// a plain copy elsewhere (the shim; the fused kernel runs on sm_80+ only).
-static __device__ __forceinline__ void escha_copy16(uint32_t * dst, const uint32_t * src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t) __cvta_generic_to_shared(dst)), "l"(src) : "memory");
-#else
-    memcpy(dst, src, 16);
-#endif
-}
-// Closes a group of escha_copy16 copies.
-static __device__ __forceinline__ void escha_copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most N of the lane's groups are in flight, then lets the
-// warp's lanes read what the others copied.
-template <int N>
-static __device__ __forceinline__ void escha_copy_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-    escha_syncwarp();
-}
-
 // The token-generation kernel (mma path, up to NB*8 rows per group): the
 // decoded tile is the A operand (m x k = output x input), so one
 // m16n8k16 covers a whole 16x16 tile and the inputs are the B operand with
@@ -1169,32 +1139,10 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     };
     escha_lane_words<K> cw[NTW];
     const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
-    // The fused kernel stages its code in shared memory, ESCHA_FUSED_STAGE
-    // tile rows at a time in two buffers: every row of a stage is in flight
-    // at once (a slot's grid is too small to hide one row's load behind
-    // other warps), the next stage while this one decodes.
-    constexpr int SROWS = ESCHA_FUSED_STAGE, SW = SROWS * NTW * W;
-    uint32_t * stage = nullptr;
-    auto stage_issue = [&](uint32_t * buf, const int kt0) {
-        constexpr int C = NTW * W / 4; // 16-byte chunks of a row's NTW tiles (contiguous)
-        const int n = min(SROWS, kt_end - kt0);
-        for (int c = lane; c < n * C; c += ESCHA_LANES) {
-            const int r = c / C, o = (c % C) * 4;
-            escha_copy16(buf + r * NTW * W + o, work.code + (int64_t) (kt0 + r) * work.kt_stride + o);
-        }
-        escha_copy_commit();
-    };
-    // The first tile row of code goes out here (the fused kernel's first
-    // stage): the fused kernel computes its xh below (its loads and
-    // Hadamard) while it is in flight, and an early dense op loads it
-    // before the wait for its input transform.
-    if constexpr (FUSED) {
-        __shared__ __align__(16) uint32_t stage_all[ESCHA_WARPS][2 * SW];
-        stage = stage_all[threadIdx.x / ESCHA_LANES];
-        if (any) {
-            stage_issue(stage, kt_begin);
-        }
-    } else if (any) {
+    // The first tile row of code goes out here: the fused kernel computes
+    // its xh below (its loads and Hadamard) while it is in flight, and an
+    // early dense op loads it before the wait for its input transform.
+    if (any) {
         load_code(cw);
     }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
@@ -1255,63 +1203,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     if (any) {
         load_x(X);
     }
-    if constexpr (FUSED) {
-        int b = 0;
-        for (int kt0 = kt_begin; any && kt0 < kt_end; kt0 += SROWS, b ^= 1) {
-            // the next stage into the other buffer (its reads ended with the
-            // last stage's barrier), then this one's rows complete
-            if (kt0 + SROWS < kt_end) {
-                stage_issue(stage + (b ^ 1) * SW, kt0 + SROWS);
-                escha_copy_wait<1>();
-            } else {
-                escha_copy_wait<0>();
-            }
-            const uint32_t * rows_b = stage + b * SW;
-            const int n = min(SROWS, kt_end - kt0);
-            // the row ahead's words from shared memory while a row decodes
-            auto stage_words = [&](const int r) {
-#pragma unroll
-                for (int w = 0; w < NTW; w++) {
-                    cw[w].t[0] = rows_b[r * NTW * W + w * W + lb.w0];
-                    cw[w].t[1] = rows_b[r * NTW * W + w * W + lb.d1];
-                }
-            };
-            stage_words(0);
-            for (int r = 0; r < n; r++) {
-                uint32_t Xc[NB][2];
-                escha_lane_words<K> cc[NTW];
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) {
-                    Xc[nb][0] = X[nb][0];
-                    Xc[nb][1] = X[nb][1];
-                }
-#pragma unroll
-                for (int w = 0; w < NTW; w++) {
-                    cc[w] = cw[w];
-                }
-                if (kt0 + r + 1 < kt_end) {
-#pragma unroll
-                    for (int nb = 0; nb < NB; nb++) {
-                        xr[nb] += 16;
-                    }
-                }
-                load_x(X);
-                stage_words(r + 1 < n ? r + 1 : r);
-#pragma unroll
-                for (int w = 0; w < NTW; w++) {
-                    uint32_t bq[4];
-                    escha_decode_lane<K>(cc[w], lb.off, a.dc, bq);
-                    const uint32_t A[4] = { bq[0], bq[2], bq[1], bq[3] };
-#pragma unroll
-                    for (int nb = 0; nb < NB; nb++) {
-                        escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
-                    }
-                }
-            }
-            escha_syncwarp(); // every lane is done with this buffer before it is refilled
-        }
-    }
-    for (int kt = kt_begin; !FUSED && any && kt < kt_end; kt++) {
+    for (int kt = kt_begin; any && kt < kt_end; kt++) {
         uint32_t Xc[NB][2];
         escha_lane_words<K> cc[NTW];
 #pragma unroll
