@@ -230,10 +230,11 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     for (auto & v : x) v = uni(rng);
     std::vector<half> ones((size_t) n_expert * std::max(IC, OC), __float2half(1.0f));
-    // ESCHA_BENCH_COLD: the timed launches go round 32 sets of ids, every
-    // expert in one of them, so that their code comes from HBM as in a model
-    // (one set's experts would stay in L2).
-    const int n_sets = getenv("ESCHA_BENCH_COLD") ? 32 : 1;
+    // ESCHA_BENCH_COLD: the timed launches go round n_expert / n_used sets
+    // of ids, every expert in one of them (37 is odd, so u * 37 + 11 visits
+    // every id mod a power of two), so that their code comes from HBM as in
+    // a model (one set's experts would stay in L2).
+    const int n_sets = getenv("ESCHA_BENCH_COLD") ? std::max(n_expert / n_used, 1) : 1;
     std::vector<int32_t> ids((size_t) n_used * n_sets);
     for (size_t u = 0; u < ids.size(); u++) ids[u] = (int32_t) ((u * 37 + 11) % n_expert);
     int16_t * d_code; float * d_x; half * d_v; int32_t * d_ids; float * d_mid; unsigned * d_arrive; float * d_y;
@@ -279,8 +280,8 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     CUDA_CHECK(cudaMemcpy(y.data(), d_y, y.size() * 4, cudaMemcpyDeviceToHost));
     double cs = 0;
     for (float f : y) cs += f;
-    printf("moe slots K=%d %d -> %d, %d of %d experts%s, fused kernel: %.2f us  cs %.6e\n", K, IC, OC, n_used, n_expert,
-           n_sets > 1 ? " (32 sets in turn)" : "", us, cs);
+    printf("moe slots K=%d %d -> %d, %d of %d experts, %d id set(s) in turn, fused kernel: %.2f us  cs %.6e\n", K, IC, OC, n_used,
+           n_expert, n_sets, us, cs);
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_ids));
     CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_arrive)); CUDA_CHECK(cudaFree(d_y));
 }

@@ -25,11 +25,14 @@ def num(s):
 
 
 def main():
-    if len(sys.argv) < 2:
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and not sys.argv[2].isdigit()):
         sys.exit(__doc__)
-    with open(sys.argv[1], newline="") as f:
-        rows = list(csv.reader(f))
     top_n = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+    try:
+        with open(sys.argv[1], newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        sys.exit(f"{sys.argv[1]}: cannot be read as a CSV ({type(e).__name__}: {e})")
     # line 0 names the kernel, line 1 is the header
     head = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
     if head is None:
@@ -43,10 +46,14 @@ def main():
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     ins = []
     for r in rows[head + 1:]:
-        if len(r) < len(hdr) or not r[col["Address"]].startswith("0x"):
+        if len(r) < len(hdr):
             continue
+        try:
+            addr = int(r[col["Address"]], 16)
+        except ValueError:
+            continue  # not an instruction line
         ins.append({
-            "addr": int(r[col["Address"]], 16),
+            "addr": addr,
             "src": r[col["Source"]].strip(),
             "samples": num(r[col["Warp Stall Sampling (All Samples)"]]),
             "executed": num(r[col["Instructions Executed"]]),
@@ -68,12 +75,14 @@ def main():
             return "loop"
         return "epilogue" if i["executed"] >= warps else "tail"
 
+    for i in ins:
+        i["region"] = region(i)
     names = ["prologue", "loop", "epilogue", "tail"]
     samples = {n: 0.0 for n in names}
     executed = {n: 0.0 for n in names}
     for i in ins:
-        samples[region(i)] += i["samples"]
-        executed[region(i)] += i["executed"]
+        samples[i["region"]] += i["samples"]
+        executed[i["region"]] += i["executed"]
     total = sum(samples.values()) or 1.0
     print(f"{sys.argv[1]}: {total:.0f} samples, {warps:.0f} warps, the loop {hot / warps:.1f} times a warp")
     for n in names:
@@ -87,7 +96,7 @@ def main():
     print(f"top {top_n} instructions by samples:")
     for i in sorted(ins, key=lambda i: -i["samples"])[:top_n]:
         why = sorted(i["stalls"].items(), key=lambda kv: -kv[1])[:2]
-        print(f"  {i['addr'] & 0xFFFFF:05x} {region(i):9s} {i['samples']:5.0f} {' '.join(f'{k}={v:.0f}' for k, v in why if v > 0):28s} {i['src'][:70]}")
+        print(f"  {i['addr'] & 0xFFFFF:05x} {i['region']:9s} {i['samples']:5.0f} {' '.join(f'{k}={v:.0f}' for k, v in why if v > 0):28s} {i['src'][:70]}")
 
 
 if __name__ == "__main__":
