@@ -1,6 +1,7 @@
 /* The codebook as a 65536-entry f32 table read by AVX2 gathers, the other
  * way to decode on a core without AVX-512 (docs/PERFORMANCE.md, "The fused
- * GEMV's code ring, timed; AVX2 gathers"): per 8 weights a state
+ * GEMV's code ring, still untimed ...; AVX2 by gathers and by F16C
+ * rounding, tried"): per 8 weights a state
  * extraction (shift, mask), one 8-lane gather from the 256 KB table and
  * one FMA, as the AVX2 GEMV would run it. G weights/s on one core, to set
  * against examples/kernel_timing's `avx2` figure. Not built or run by
