@@ -1084,6 +1084,47 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 #define ESCHA_GEMV_MMA 1
 #endif
 
+// Tile rows of code the fused kernel keeps in flight, each in its own
+// slot of a per-warp ring in shared memory (K=3, 4 tiles a warp: 3 KB).
+// A MoE decode slot's grid is under half a wave: with one row in flight
+// (registers) every warp waits on HBM every row.
+#ifndef ESCHA_FUSED_AHEAD
+#define ESCHA_FUSED_AHEAD 8
+#endif
+static_assert(ESCHA_FUSED_AHEAD >= 2, "the ring's wait reads the row ahead");
+// Which code widths the fused kernel's ring serves (bit K set: K=2 -> 4,
+// K=3 -> 8); the others load one row ahead in registers.
+#ifndef ESCHA_FUSED_RING_KS
+#define ESCHA_FUSED_RING_KS 12
+#endif
+
+// 16 bytes from global to shared memory without a register stop: an
+// asynchronous copy on sm_80 and later (waited for by escha_copy_wait),
+// a plain copy elsewhere (the shim; the fused kernel runs on the mma path,
+// never on HIP).
+static __device__ __forceinline__ void escha_copy16(uint32_t * dst, const uint32_t * src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t) __cvta_generic_to_shared(dst)), "l"(src) : "memory");
+#else
+    memcpy(dst, src, 16);
+#endif
+}
+// Closes the lane's group of escha_copy16 copies (an empty group too).
+static __device__ __forceinline__ void escha_copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of the lane's groups are in flight, then lets the
+// warp's lanes read what the others copied.
+template <int N>
+static __device__ __forceinline__ void escha_copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+    escha_syncwarp();
+}
+
 // The token-generation kernel (mma path, up to NB*8 rows per group): the
 // decoded tile is the A operand (m x k = output x input), so one
 // m16n8k16 covers a whole 16x16 tile and the inputs are the B operand with
@@ -1139,10 +1180,42 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     };
     escha_lane_words<K> cw[NTW];
     const bool any = g.count > 0; // false: a fused slot with a bad id, which only arrives
-    // The first tile row of code goes out here: the fused kernel computes
-    // its xh below (its loads and Hadamard) while it is in flight, and an
-    // early dense op loads it before the wait for its input transform.
-    if (any) {
+    // The fused kernel's ring: tile row kt in slot (kt - kt_begin) % D, one
+    // copy group a row (empty past kt_end, so that the waits' depths are
+    // constants). Its rows' NTW tiles are contiguous and 16-byte aligned
+    // (W is 16 or 24 words).
+    constexpr bool RING = FUSED && ((ESCHA_FUSED_RING_KS >> K) & 1);
+    constexpr int D = ESCHA_FUSED_AHEAD, RW = NTW * W;
+    uint32_t * ring = nullptr;
+    auto ring_issue = [&](const int kt) {
+        if (kt < kt_end) {
+            uint32_t * dst = ring + ((kt - kt_begin) % D) * RW;
+            const uint32_t * src = work.code + (int64_t) kt * work.kt_stride;
+            for (int c = lane * 4; c < RW; c += ESCHA_LANES * 4) {
+                escha_copy16(dst + c, src + c);
+            }
+        }
+        escha_copy_commit();
+    };
+    auto ring_words = [&](const int kt, escha_lane_words<K> (&cw)[NTW]) {
+        const uint32_t * row = ring + ((kt - kt_begin) % D) * RW;
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            cw[w].t[0] = row[w * W + lb.w0];
+            cw[w].t[1] = row[w * W + lb.d1];
+        }
+    };
+    // The first tile rows of code go out here: the fused kernel computes
+    // its xh below (its loads and Hadamard) while they are in flight, and
+    // an early dense op loads its first before the wait for its input
+    // transform.
+    if constexpr (RING) {
+        __shared__ __align__(16) uint32_t ring_all[ESCHA_WARPS][D * RW];
+        ring = ring_all[threadIdx.x / ESCHA_LANES];
+        for (int i = 0; any && i < D; i++) {
+            ring_issue(kt_begin + i);
+        }
+    } else if (any) {
         load_code(cw);
     }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
@@ -1203,7 +1276,40 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     if (any) {
         load_x(X);
     }
-    for (int kt = kt_begin; any && kt < kt_end; kt++) {
+    if constexpr (RING) {
+        if (any) {
+            escha_copy_wait<D - 1>(); // the first row's group
+            ring_words(kt_begin, cw);
+        }
+        for (int kt = kt_begin; any && kt < kt_end; kt++) {
+            uint32_t Xc[NB][2];
+            escha_lane_words<K> cc[NTW];
+            Xc[0][0] = X[0][0];
+            Xc[0][1] = X[0][1];
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                cc[w] = cw[w];
+            }
+            // D + (kt - kt_begin) groups so far: rows up to kt + 1 landed
+            // at D - 2 in flight. Row kt + D refills row kt's slot, whose
+            // words every lane read before that wait's barrier.
+            escha_copy_wait<D - 2>();
+            ring_issue(kt + D);
+            if (kt + 1 < kt_end) {
+                xr[0] += 16;
+            }
+            load_x(X);
+            ring_words(kt + 1, cw); // past kt_end: a slot's stale words, never decoded
+#pragma unroll
+            for (int w = 0; w < NTW; w++) {
+                uint32_t b[4];
+                escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+                const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
+                escha_mma(acc[w][0], A, Xc[0][0], Xc[0][1]);
+            }
+        }
+    }
+    for (int kt = kt_begin; !RING && any && kt < kt_end; kt++) {
         uint32_t Xc[NB][2];
         escha_lane_words<K> cc[NTW];
 #pragma unroll
