@@ -1262,6 +1262,34 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             }
         }
     }
+    // The row a loop iteration decodes, taken from the loads in flight
+    // before they are refilled with the next row's.
+    auto take_row = [&](const uint32_t (&X)[NB][2], const escha_lane_words<K> (&cw)[NTW], uint32_t (&Xc)[NB][2],
+                        escha_lane_words<K> (&cc)[NTW]) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            Xc[nb][0] = X[nb][0];
+            Xc[nb][1] = X[nb][1];
+        }
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            cc[w] = cw[w];
+        }
+    };
+    // One tile row's products: each tile's decoded A fragment times every
+    // 8-row block's inputs.
+    auto row_products = [&](const escha_lane_words<K> (&cc)[NTW], const uint32_t (&Xc)[NB][2]) {
+#pragma unroll
+        for (int w = 0; w < NTW; w++) {
+            uint32_t b[4];
+            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
+            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
+            }
+        }
+    };
     uint32_t X[NB][2];
     if (early) {
         escha_kernel_begin(); // xh is complete from here
@@ -1284,43 +1312,27 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         for (int kt = kt_begin; any && kt < kt_end; kt++) {
             uint32_t Xc[NB][2];
             escha_lane_words<K> cc[NTW];
-            Xc[0][0] = X[0][0];
-            Xc[0][1] = X[0][1];
-#pragma unroll
-            for (int w = 0; w < NTW; w++) {
-                cc[w] = cw[w];
-            }
+            take_row(X, cw, Xc, cc);
             // D + (kt - kt_begin) groups so far: rows up to kt + 1 landed
             // at D - 2 in flight. Row kt + D refills row kt's slot, whose
             // words every lane read before that wait's barrier.
             escha_copy_wait<D - 2>();
             ring_issue(kt + D);
             if (kt + 1 < kt_end) {
-                xr[0] += 16;
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    xr[nb] += 16;
+                }
             }
             load_x(X);
             ring_words(kt + 1, cw); // past kt_end: a slot's stale words, never decoded
-#pragma unroll
-            for (int w = 0; w < NTW; w++) {
-                uint32_t b[4];
-                escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
-                const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
-                escha_mma(acc[w][0], A, Xc[0][0], Xc[0][1]);
-            }
+            row_products(cc, Xc);
         }
     }
     for (int kt = kt_begin; !RING && any && kt < kt_end; kt++) {
         uint32_t Xc[NB][2];
         escha_lane_words<K> cc[NTW];
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            Xc[nb][0] = X[nb][0];
-            Xc[nb][1] = X[nb][1];
-        }
-#pragma unroll
-        for (int w = 0; w < NTW; w++) {
-            cc[w] = cw[w];
-        }
+        take_row(X, cw, Xc, cc);
         // Next tile row's loads (the last iteration reloads its own row:
         // in bounds, and no branch).
         if (kt + 1 < kt_end) {
@@ -1335,16 +1347,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
         load_x(X);
         load_code(cw);
-#pragma unroll
-        for (int w = 0; w < NTW; w++) {
-            uint32_t b[4];
-            escha_decode_lane<K>(cc[w], lb.off, a.dc, b);
-            const uint32_t A[4] = { b[0], b[2], b[1], b[3] };
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                escha_mma(acc[w][nb], A, Xc[nb][0], Xc[nb][1]);
-            }
-        }
+        row_products(cc, Xc);
     }
     // C fragment: c0,c1 at (output lane/4, rows kq, kq+1), c2,c3 at output + 8.
     const bool split = gridDim.y > 1;
