@@ -239,10 +239,12 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     for (size_t u = 0; u < ids.size(); u++) ids[u] = (int32_t) ((u * 37 + 11) % n_expert);
     int16_t * d_code; float * d_x; half * d_v; int32_t * d_ids; float * d_mid; unsigned * d_arrive; float * d_y;
     // escha.cu's plan for these slots: the fused kernel's grid (tiles a warp, blocks along the outputs)
+    // ESCHA_BENCH_MOE_NTW=2: tiles a warp as GGML_ESCHA_FUSED_NTW=2 gives them
+    const int ntw = getenv("ESCHA_BENCH_MOE_NTW") ? atoi(getenv("ESCHA_BENCH_MOE_NTW")) : ESCHA_CUDA_FUSED_NTW;
     const escha_cuda_plan plan = escha_cuda_make_plan(true, n_used, 1, n_expert, NT, ESCHA_WARPS, true,
-                                                      ESCHA_CUDA_BLAS_MIN_ROWS, ESCHA_CUDA_FUSED_MAX_ROWS);
-    if (!plan.fused || plan.ntw != 4) {
-        fprintf(stderr, "moe slots %d -> %d: the plan does not take the 4-tile fused kernel\n", IC, OC);
+                                                      ESCHA_CUDA_BLAS_MIN_ROWS, ESCHA_CUDA_FUSED_MAX_ROWS, 0, ntw);
+    if (!plan.fused || plan.ntw != ntw || (ntw != 2 && ntw != 4)) {
+        fprintf(stderr, "moe slots %d -> %d: the plan does not take the fused kernel at %d tiles a warp\n", IC, OC, ntw);
         exit(1);
     }
     CUDA_CHECK(cudaMalloc(&d_code, code.size() * 2));
@@ -268,20 +270,27 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     a.rows = rows; a.v = v; a.dst = d_y;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = plan.mode;
     a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = (int) plan.n_x; a.code_early = false;
-    for (int i = 0; i < 5; i++) escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
+    const auto launch = [&]() {
+        if (ntw == 2) {
+            escha_launch_gemv<K, 2, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
+        } else {
+            escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
+        }
+    };
+    for (int i = 0; i < 5; i++) launch();
     timer t;
     t.start();
     for (int i = 0; i < 1000; i++) {
         a.ids = a.rows.ids = d_ids + (size_t) (i % n_sets) * n_used;
-        escha_launch_gemv<K, 4, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
+        launch();
     }
     const float us = t.stop_ms();
     std::vector<float> y((size_t) n_used * OC);
     CUDA_CHECK(cudaMemcpy(y.data(), d_y, y.size() * 4, cudaMemcpyDeviceToHost));
     double cs = 0;
     for (float f : y) cs += f;
-    printf("moe slots K=%d %d -> %d, %d of %d experts, %d id set(s) in turn, fused kernel: %.2f us  cs %.6e\n", K, IC, OC, n_used,
-           n_expert, n_sets, us, cs);
+    printf("moe slots K=%d %d -> %d, %d of %d experts, %d id set(s) in turn, fused kernel at %d tiles a warp: %.2f us  cs %.6e\n", K, IC, OC,
+           n_used, n_expert, n_sets, ntw, us, cs);
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_ids));
     CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_arrive)); CUDA_CHECK(cudaFree(d_y));
 }
