@@ -88,7 +88,8 @@ static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 // is 512 blocks, 0.43 waves of the H200, 22% achieved occupancy and 38% of
 // the issue slots busy (Nsight Compute); 2 tiles a warp double the warps,
 // but timed on the H200 the 2-tile grid was slower (gate_up 13.72 against
-// 11.10 us a token, down equal at 9.20), so 4 stays the default.
+// 11.10 us a token, down equal at 9.20), so 4 stays the default; with the
+// code ring too (an H100, code from HBM: down 10.03 against 9.84 us).
 static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 
 // IC splits of a multiply at most, where a grid of two waves would take
