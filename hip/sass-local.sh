@@ -2,8 +2,8 @@
 # The SASS of escha's CUDA kernels on a machine without a GPU: nvcc and its
 # disassembler from NVIDIA's pip wheels (no driver, no CUDA install), the
 # kernels of hip/bench/escha-mm-bench.cu compiled to an sm_90 cubin, and for
-# each kernel named its instruction count, its mix and where its integer
-# divisions and memory operations sit. The batch-1 GEMV is issue-bound
+# each kernel named its instruction count, its mix and its integer
+# divisions (the SASS itself is written out). The batch-1 GEMV is issue-bound
 # (docs/PERFORMANCE.md), so its instructions a tile rank decode changes
 # before any device time is spent on them. Counts are nvcc 13.5's; the GPU
 # machines' nvcc 13 may differ by a few instructions a kernel.
@@ -14,19 +14,19 @@
 # ESCHA_SASS_KERNELS: kernel name patterns (default: the batch-1 GEMV at
 #   K=2 and K=3, and the fused one-launch kernel of the MoE decode slots)
 # ESCHA_SASS_OUT: where each kernel's SASS is written (default: target/sass)
-# Needs: cargo build --release --features tools (the prepared llama.cpp
-# tree, for ggml's headers), python3 with pip, g++ and the network once:
+# Needs: cargo build --release --features tools once (the prepared
+# llama.cpp tree, for ggml's headers), python3 with pip, g++ and the network once:
 # the wheels (about 580 MB to fetch, 360 MB kept) go to
 # ${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/cuda-sass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# ggml's headers come from the tree of the latest cargo build (build/tree.rs
+# links it); escha's own sources from this checkout (the harness includes
+# ../escha.cu, whose includes resolve beside it), so no rebuild is needed
+# after editing them.
 tree=${ESCHA_TREE:-$(readlink -f target/release/llama.cpp-tree 2>/dev/null || true)}
-[ -d "$tree/ggml/src/ggml-cuda" ] || { echo "no prepared llama.cpp tree: run cargo build --release --features tools first" >&2; exit 1; }
-for f in hip/*.cu hip/*.cuh hip/*.h; do
-    cmp -s "$f" "$tree/ggml/src/ggml-cuda/$(basename "$f")" \
-        || { echo "$tree lacks the current $f: run cargo build --release --features tools first" >&2; exit 1; }
-done
+[ -f "$tree/ggml/src/ggml-cuda/common.cuh" ] || { echo "no prepared llama.cpp tree: run cargo build --release --features tools first" >&2; exit 1; }
 
 cache=${ESCHA_CACHE_DIR:-$HOME/.cache/escha-ggml}/cuda-sass
 cuda=$cache/cuda
