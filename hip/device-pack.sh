@@ -23,7 +23,7 @@ tree=${ESCHA_TREE:-$(readlink -f target/release/llama.cpp-tree 2>/dev/null || tr
 lib=${ESCHA_RUST_LIB:-$(ls "${tree%/llama.cpp}"/kernels-target/*/release/libescha_ggml_cpu.a 2>/dev/null | head -n 1)}
 [ -d "$tree" ] || { echo "no prepared llama.cpp tree: run cargo build --release --features tools first" >&2; exit 1; }
 [ -f "$lib" ] || { echo "no libescha_ggml_cpu.a: run cargo build --release --features tools first" >&2; exit 1; }
-for f in hip/*.cu hip/*.cuh; do
+for f in hip/*.cu hip/*.cuh hip/*.h; do
     cmp -s "$f" "$tree/ggml/src/ggml-cuda/$(basename "$f")" \
         || { echo "$tree lacks the current $f: run cargo build --release --features tools first" >&2; exit 1; }
 done
