@@ -53,6 +53,63 @@ static constexpr int   ESCHA_THREADS = ESCHA_LANES * ESCHA_WARPS;
 
 // ---- row addressing ------------------------------------------------------
 
+// n / d and n % d for 0 <= n < 2^31 and 1 <= d <= 2^31 by a multiply-high,
+// an add and a shift, with magic numbers computed once on the host
+// (Granlund and Montgomery's round-up method: m = 2^32 (2^s - d) / d + 1,
+// s = ceil(log2 d)). A division by a kernel argument is otherwise about 20
+// dependent instructions (I2F, MUFU.RCP, F2I and fix-ups; a call to nvcc's
+// 64-bit routine where an operand is 64-bit), and the token-generation
+// kernels' prologues had 6 of them in the chain before their first loads.
+// Callers keep n below 2^31 (escha.cu asserts the rows and the grid).
+struct escha_divisor {
+    uint32_t d = 1, m = 1, s = 0;
+
+    escha_divisor() = default;
+    __host__ __device__ constexpr escha_divisor(const int64_t v) : d((uint32_t) v) {
+        while (s < 31 && (uint64_t{ 1 } << s) < d) {
+            s++;
+        }
+        m = (uint32_t) ((((uint64_t{ 1 } << s) - d) << 32) / d + 1);
+    }
+    __host__ __device__ constexpr uint32_t div(const uint32_t n) const {
+        return ((uint32_t) (((uint64_t) n * m) >> 32) + n) >> s; // hi <= n: no overflow below 2^31
+    }
+    __host__ __device__ constexpr uint32_t mod(const uint32_t n) const { return n - div(n) * d; }
+};
+
+// Every n of a sample (0, 1, multiples of d and their neighbours, 2^31 - 1
+// and below) against the division operator, for d = 1..256 and each power
+// of two, its neighbours, and a few large odd divisors.
+static constexpr bool escha_divisor_exact(const uint32_t d) {
+    const escha_divisor q((int64_t) d);
+    const uint32_t top = 0x7FFFFFFFu;
+    for (uint32_t k = 0; k < 32; k++) {
+        const uint32_t ns[] = { k, (uint32_t) (k * (uint64_t) d % (top + 1ull)), (uint32_t) ((k * (uint64_t) d + d - 1) % (top + 1ull)),
+                                top - k, top / d * d - 1 + (k & 1) + (top / d * d == 0), top - k * 7919u };
+        for (const uint32_t n : ns) {
+            if (n <= top && (q.div(n) != n / d || q.mod(n) != n % d)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+static constexpr bool escha_divisors_exact() {
+    for (uint32_t d = 1; d <= 256; d++) {
+        if (!escha_divisor_exact(d)) {
+            return false;
+        }
+    }
+    for (uint32_t b = 2; b <= 31; b++) {
+        const uint32_t p = 1u << b;
+        if (!escha_divisor_exact(p - 1) || !escha_divisor_exact(p) || (b < 31 && !escha_divisor_exact(p + 1))) {
+            return false;
+        }
+    }
+    return escha_divisor_exact(2147483647u) && escha_divisor_exact(1000003u) && escha_divisor_exact(248320u);
+}
+static_assert(escha_divisors_exact(), "escha_divisor: n / d and n % d exactly, below 2^31");
+
 // An expert id out of range. A GPU kernel cannot stop with an error, so
 // nothing is read with it (the slot's transforms use expert 0, the multiply
 // skips it) and its output is NaN, never another expert's result.
@@ -61,26 +118,33 @@ static __device__ __forceinline__ bool escha_bad_id(const int e, const int64_t n
 }
 
 // Op row r (dense: the flattened rows of x; MoE: slot t*n_used + u) -> its
-// input row and its expert.
+// input row and its expert. Rows are below 2^31 (escha.cu asserts it).
 struct escha_rows {
     const char    * x;
     int64_t         nb1, nb2, nb3;
-    int64_t         ne1, ne2;  // dense: x->ne[1], x->ne[2]; MoE: n_used, T
-    int64_t         nx1;       // rows of x per outer index: dense ne1, MoE NX
+    escha_divisor   ne1, ne2;  // dense: x->ne[1], x->ne[2]; MoE: n_used, T
+    escha_divisor   nx1;       // rows of x per outer index: dense ne1, MoE NX
     const int32_t * ids;       // MoE ids (nullptr: dense, expert 0)
     int64_t         si1;       // ids row stride in elements
     int64_t         n_expert;  // MoE: the number of experts
 
-    // e: the row's expert, 0 in place of a bad id (then bad is set).
-    __device__ __forceinline__ const float * row(int64_t r, int & e, bool & bad) const {
-        const int64_t i1   = r % ne1;
-        const int64_t rest = r / ne1;
-        const int64_t i2   = rest % ne2;
-        const int64_t i3   = rest / ne2;
-        e   = ids ? ids[rest * si1 + i1] : 0;
-        bad = ids && escha_bad_id(e, n_expert);
-        e   = bad ? 0 : e;
-        return (const float *) (x + (i1 % nx1) * nb1 + i2 * nb2 + i3 * nb3);
+    // Row r's x.
+    __device__ __forceinline__ const float * x_row(const int64_t r) const {
+        const uint32_t rest = ne1.div((uint32_t) r), i1 = (uint32_t) r - rest * ne1.d;
+        const uint32_t i3 = ne2.div(rest), i2 = rest - i3 * ne2.d;
+        return (const float *) (x + (int64_t) nx1.mod(i1) * nb1 + (int64_t) i2 * nb2 + (int64_t) i3 * nb3);
+    }
+    // Row r's expert: 0 for a dense op, and 0 in place of a bad id (then
+    // bad is set).
+    __device__ __forceinline__ int expert(const int64_t r, bool & bad) const {
+        if (!ids) {
+            bad = false;
+            return 0;
+        }
+        const uint32_t rest = ne1.div((uint32_t) r), i1 = (uint32_t) r - rest * ne1.d;
+        const int e = ids[(int64_t) rest * si1 + i1];
+        bad = escha_bad_id(e, n_expert);
+        return bad ? 0 : e;
     }
 };
 
@@ -140,32 +204,38 @@ static __device__ __forceinline__ void escha_xh_from(const float xq[4], const fl
     }
 }
 
+// The lane's 4 values of row r's x at channels i0..i0+3.
+static __device__ __forceinline__ void escha_x_lane(const escha_rows & rows, const int64_t r, const int i0, float xq[4]) {
+    const float * x = rows.x_row(r);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        xq[q] = x[i0 + q];
+    }
+}
+
 // What row r's input transform reads at channels i0..i0+3: the lane's 4
 // values of x into xq and, unless have_re (rin_eff already in re, loaded
 // before the wait), its expert's rin_eff into re.
 static __device__ __forceinline__ void escha_xh_load(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
                                                      const bool have_re, float xq[4], float re[4]) {
-    int e;
-    bool bad;
-    const float * x = rows.row(r, e, bad);
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        xq[q] = x[i0 + q];
-    }
+    escha_x_lane(rows, r, i0, xq);
     if (!have_re) {
-        escha_rin_eff(v, e, i0, re);
+        bool bad;
+        escha_rin_eff(v, rows.expert(r, bad), i0, re);
     }
 }
 
 // One warp's share of the input transform: row r's 128-block at i0 - 4 *
 // lane, xh = f16(H128(f32(x[r]) * rin_eff) * RS), lane l's elements
-// 4l..4l+3 into h. The input transform kernel and the fused token-
-// generation kernel's prologue both run exactly this (the kernel's dense
-// rows with rin_eff loaded before its wait).
-static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int i0,
-                                                     const int lane, half h[4]) {
+// 4l..4l+3 into h, for row r of expert e (the fused kernel's group has it
+// already: no second load of the ids). The input transform kernel
+// (escha_xh_load, escha_xh_from) and the fused token-generation kernel's
+// prologue both run exactly this.
+static __device__ __forceinline__ void escha_xh_lane(const escha_rows & rows, const escha_vecs & v, const int64_t r, const int64_t e,
+                                                     const int i0, const int lane, half h[4]) {
     float xq[4], re[4];
-    escha_xh_load(rows, v, r, i0, false, xq, re);
+    escha_x_lane(rows, r, i0, xq);
+    escha_rin_eff(v, e, i0, re);
     escha_xh_from(xq, re, lane, h);
 }
 
@@ -349,9 +419,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
         load_weights();
     }
     for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
-        int e;
-        bool bad;
-        const float * x = rows.row(r, e, bad);
+        const float * x = rows.x_row(r); // dense rows
         const float scale = escha_norm_scale(x, IC, eps, lane);
         const float4 v = *(const float4 *) (x + i0);
         const float xq[4] = { v.x, v.y, v.z, v.w };
@@ -407,23 +475,29 @@ static __device__ __forceinline__ void escha_out_values(const escha_vecs & v, fl
     }
 }
 
-// Row r's outputs at o0 - 4 * lane (escha_out_values), its expert's
-// rout_eff and bias loaded here.
-static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
-                                                     const int o0, const int lane, float y[4]) {
-    int e;
-    bool bad;
-    rows.row(r, e, bad);
+// The outputs at o0 - 4 * lane (escha_out_values) of a row of expert e
+// (bad: its id was out of range), its rout_eff and bias loaded here.
+static __device__ __forceinline__ void escha_out_expert(const escha_vecs & v, float m[4], const int64_t e, const bool bad, const int o0,
+                                                        const int lane, float y[4]) {
     float ro[4], b[4];
     escha_rout_eff(v, e, o0, ro, b);
     escha_out_values(v, m, ro, b, bad, lane, y);
 }
 
-// The same, stored to dst[r] (the fused kernel's epilogue).
-static __device__ __forceinline__ void escha_out_lane(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+// The same for row r, its expert read from the ids.
+static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                     const int o0, const int lane, float y[4]) {
+    bool bad;
+    const int e = rows.expert(r, bad);
+    escha_out_expert(v, m, e, bad, o0, lane, y);
+}
+
+// Row r's, of expert e, stored to dst[r] (the fused kernel's epilogue,
+// whose group has e already).
+static __device__ __forceinline__ void escha_out_lane(const escha_vecs & v, float m[4], const int64_t r, const int64_t e, const bool bad,
                                                       const int o0, const int lane, const int OC, float * dst) {
     float y[4];
-    escha_out_row(rows, v, m, r, o0, lane, y);
+    escha_out_expert(v, m, e, bad, o0, lane, y);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         dst[r * OC + o0 + q] = y[q];
@@ -563,6 +637,21 @@ struct escha_lane_bits {
         w0  = p0 / 32;
         off = p0 % 32;
         d1  = (w0 + 1) % W;
+    }
+    // Each through a shuffle of its own lane (the token-generation GEMV,
+    // once a kernel): ptxas then keeps them in registers. Without, it may
+    // recompute them from the lane inside the decode loop (the fused
+    // kernel's K=3 row took 24 more instructions after an unrelated
+    // prologue change; an empty asm does not stop it, it leaves nothing in
+    // the PTX). The warp's lanes are converged.
+    __device__ __forceinline__ void pin(const int lane) {
+#if defined(__CUDA_ARCH__) && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+        w0  = __shfl_sync(0xFFFFFFFF, w0, lane, 32);
+        d1  = __shfl_sync(0xFFFFFFFF, d1, lane, 32);
+        off = __shfl_sync(0xFFFFFFFF, off, lane, 32);
+#else
+        GGML_UNUSED(lane);
+#endif
     }
 };
 
@@ -792,11 +881,11 @@ struct escha_mm_args {
     int              KT, NT, IC, OC;
     int64_t          n_rows;
     int              kt_chunk; // tile rows per split (gridDim.y splits)
-    int              n_x;      // blocks along the output tiles
+    escha_divisor    n_x;      // blocks along the output tiles
     int              mode;     // 0 dense, 1 one slot per group, 2 grouped by expert
     int64_t          n_expert; // modes 1, 2
     const int32_t  * ids;      // mode 1: ids, slot r -> expert ids[(r / n_used) * si1 + r % n_used]
-    int              n_used;
+    escha_divisor    n_used;
     int64_t          si1;
     const int32_t  * sorted;   // mode 2: slots sorted by expert
     const int32_t  * bounds;   // mode 2: [E + 1]
@@ -836,6 +925,7 @@ struct escha_group {
     int64_t         e = 0, first = 0, count = 0;
     const int32_t * list = nullptr;
     int64_t         n_out = 0; // rows whose outputs the group owns (a slot with a bad id: 1, count 0)
+    bool            bad = false; // mode 1: the slot's id is out of range (e is then 0)
 
     escha_group() = default;
     __device__ __forceinline__ escha_group(const escha_mm_args & a, const int z, const int rows) {
@@ -846,11 +936,13 @@ struct escha_group {
         } else if (a.mode == 1) {
             first = z;
             count = 1;
-            e = a.ids[(first / a.n_used) * a.si1 + first % a.n_used];
+            const uint32_t t = a.n_used.div((uint32_t) z);
+            e = a.ids[(int64_t) t * a.si1 + ((uint32_t) z - t * a.n_used.d)];
             n_out = 1;
             if (escha_bad_id((int) e, a.n_expert)) { // no multiply
                 e     = 0;
                 count = 0;
+                bad   = true;
             }
         } else {
             e = z / a.mblocks;
@@ -904,7 +996,8 @@ struct escha_warp_work {
         xh   = second ? a.pair_xh : a.xh;
         mid  = second ? a.pair_mid : a.mid;
         bx  -= second ? a.pair_x : 0;
-        nt0  = ((int) (bx % a.n_x) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
+        const int64_t z = a.n_x.div((uint32_t) bx); // the grid is below 2^31 blocks (escha.cu)
+        nt0  = ((int) (bx - z * a.n_x.d) * ESCHA_WARPS + threadIdx.x / ESCHA_LANES) * ntw;
         if (!edge_last && nt0 >= a.NT) {
             return false;
         }
@@ -913,7 +1006,7 @@ struct escha_warp_work {
         if (kt_begin >= kt_end) {
             return false;
         }
-        g         = escha_group(a, (int) (bx / a.n_x), rows);
+        g         = escha_group(a, (int) z, rows);
         code      = op_code + g.e * a.code_es + (int64_t) nt0 * words_per_tile;
         kt_stride = (int64_t) a.NT * words_per_tile;
         kq        = (lane % 4) * 2;
@@ -1161,7 +1254,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     if (!work.init(a, NTW, ROWS, W, !FUSED) || (!FUSED && work.g.count == 0)) {
         return;
     }
-    const escha_lane_bits<K> lb(work.lane);
+    escha_lane_bits<K> lb(work.lane);
+    lb.pin(work.lane);
     const int lane = work.lane, nt0 = work.nt0, kt_begin = work.kt_begin, kt_end = work.kt_end, kq = work.kq;
     const escha_group & g = work.g;
 
@@ -1191,7 +1285,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     uint32_t * ring = nullptr;
     auto ring_issue = [&](const int kt) {
         if (kt < kt_end) {
-            uint32_t * dst = ring + ((kt - kt_begin) % D) * RW;
+            uint32_t * dst = ring + ((unsigned) (kt - kt_begin) % D) * RW;
             const uint32_t * src = work.code + (int64_t) kt * work.kt_stride;
             for (int c = lane * 4; c < RW; c += ESCHA_LANES * 4) {
                 escha_copy16(dst + c, src + c);
@@ -1200,7 +1294,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         escha_copy_commit();
     };
     auto ring_words = [&](const int kt, escha_lane_words<K> (&cw)[NTW]) {
-        const uint32_t * row = ring + ((kt - kt_begin) % D) * RW;
+        const uint32_t * row = ring + ((unsigned) (kt - kt_begin) % D) * RW;
 #pragma unroll
         for (int w = 0; w < NTW; w++) {
             cw[w].t[0] = row[w * W + lb.w0];
@@ -1234,7 +1328,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         for (int i = 0; i < g.count; i++) {
             for (int b = 0; b < n_blk; b++) {
                 half h[4];
-                escha_xh_lane(a.rows, a.v, g.row(i), kt_begin * 16 + b * 128 + lane * 4, lane, h);
+                escha_xh_lane(a.rows, a.v, g.row(i), g.e, kt_begin * 16 + b * 128 + lane * 4, lane, h);
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     xs[i * CH + b * 128 + lane * 4 + u] = h[u];
@@ -1382,7 +1476,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         // to whichever warp comes last) before its count goes up.
         __threadfence();
         escha_syncwarp();
-        const int64_t z = work.bx / a.n_x;
+        const int64_t z = a.n_x.div((uint32_t) work.bx);
         const int o128 = nt0 / 8; // the 128 outputs this warp's 16 * NTW are part of
         unsigned * count = a.arrive + z * (a.OC / 128) + o128;
         unsigned before = 0;
@@ -1403,7 +1497,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
                 m[q] = __ldcg(work.mid + r * a.OC + o0 + q);
                 work.mid[r * a.OC + o0 + q] = 0.0f;
             }
-            escha_out_lane(a.rows, a.v, m, r, o0, lane, a.OC, a.dst);
+            escha_out_lane(a.v, m, r, g.e, g.bad, o0, lane, a.OC, a.dst);
         }
         if (lane == 0) {
             *count = 0;

@@ -59,6 +59,10 @@ static const char * escha_cuda_parse(const ggml_tensor * node, escha_op * op, ch
         snprintf(err, n_err, "ids (%s) elements must be contiguous", op->ids->name);
         return err;
     }
+    if (op->n_slots >= INT32_MAX) { // the kernels' row indices (escha_divisor)
+        snprintf(err, n_err, "%s: %lld rows, more than the CUDA kernels take (2^31 - 1)", node->name, (long long) op->n_slots);
+        return err;
+    }
     return nullptr;
 }
 
@@ -100,13 +104,14 @@ static void escha_launch(void (*kernel)(escha_mm_args), int & per_sm, escha_mm_a
     escha_consts_fill(a.dc);
     const int64_t ops      = a.pair_x > 0 ? 2 : 1; // a pair's ops share the split: one IC
     const int64_t resident = (int64_t) per_sm * nsm;
-    const int64_t blocks   = ops * a.n_x * std::max<int64_t>(z_busy, 1);
+    const int64_t n_x      = a.n_x.d;
+    const int64_t blocks   = ops * n_x * std::max<int64_t>(z_busy, 1);
     int ksplit = escha_cuda_ksplit(resident, blocks, a.KT, rows32);
     a.kt_chunk = escha_cuda_kt_chunk(a.KT, ksplit, fused);
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
-    GGML_ASSERT(ops * a.n_x * n_z < INT32_MAX && ksplit <= 65535);
-    GGML_ASSERT(a.pair_x == 0 || a.pair_x == a.n_x * n_z);
-    const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) ksplit, 1);
+    GGML_ASSERT(ops * n_x * n_z < INT32_MAX && ksplit <= 65535); // also escha_divisor's range, for the block index
+    GGML_ASSERT(a.pair_x == 0 || a.pair_x == n_x * n_z);
+    const dim3 grid((unsigned) (ops * n_x * n_z), (unsigned) ksplit, 1);
     escha_kernel_launch(kernel, grid, stream, a);
 }
 
@@ -448,6 +453,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     const int IC = (int) op.ic;
     const int OC = (int) op.oc;
     const int64_t n_rows = op.n_slots;
+    GGML_ASSERT(n_rows < INT32_MAX); // escha_cuda_parse
     cudaStream_t stream = ctx.stream();
     if (n_rows == 0) {
         return;
@@ -582,7 +588,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     a.mode     = plan.mode;
     a.code_early = plan.code_early && early;
     if (pair) {
-        a.pair_x    = a.n_x * plan.n_z;
+        a.pair_x    = plan.n_x * plan.n_z;
         a.pair_code = (const uint32_t *) fu.second->code->data;
         a.pair_xh   = op1_xh;
         a.pair_mid  = op1_mid;
@@ -600,7 +606,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
         src1_unused.alloc(n_rows);
         bounds.alloc(op.n_expert + 1);
         ggml_cuda_launch_mm_ids_helper(rows.ids, src1_unused.get(), sorted.get(), bounds.get(), (int) op.n_expert, (int) op.n_tokens,
-                                       (int) op.n_used, (int) rows.nx1, (int) rows.si1, (int) rows.nx1, false, stream);
+                                       (int) op.n_used, (int) rows.nx1.d, (int) rows.si1, (int) rows.nx1.d, false, stream);
         a.sorted  = sorted.get();
         a.bounds  = bounds.get();
         a.mblocks = plan.mblocks;

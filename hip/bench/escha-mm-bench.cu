@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 // ggml-cuda's launcher (escha_launch's dependent launches) asks for the
@@ -25,6 +26,16 @@ int ggml_cuda_get_device() {
 [[noreturn]] void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
     fprintf(stderr, "CUDA error: %s\n  %s in %s at %s:%d\n", msg, stmt, func, file, line);
     exit(1);
+}
+
+// Blocks along the output tiles: an escha_divisor since the kernels divide
+// by it without nvcc's division, a plain int in older sources (ESCHA_SRC).
+template <typename T> static int n_x_of(const T & n) {
+    if constexpr (std::is_integral_v<T>) {
+        return (int) n;
+    } else {
+        return (int) n.d;
+    }
 }
 
 struct timer {
@@ -74,7 +85,7 @@ static float time_mm(escha_mm_args a, int ksplit, int iters, const cold_code & c
     a.kt_chunk = (a.KT + ksplit - 1) / ksplit;
     ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
     const int n_z = (int) ((a.n_rows + ROWS - 1) / ROWS);
-    const dim3 grid(a.n_x * n_z, ksplit);
+    const dim3 grid(n_x_of(a.n_x) * n_z, ksplit);
     void (*kernel)(escha_mm_args) = kernel_of<K, NTW, ROWS, GEMV>();
     escha_consts_fill(a.dc);
     // checksum of one clean launch
@@ -122,13 +133,13 @@ static void run_shape(const int IC, const int OC, const int M, const int nsm) {
     const int n_z = (M + ROWS - 1) / ROWS;
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<K, NTW, ROWS, GEMV>(), ESCHA_THREADS, 0));
-    const int blocks = a.n_x * n_z;
+    const int blocks = n_x_of(a.n_x) * n_z;
     const int old_split = (int) std::max<int64_t>(1, std::min<int64_t>(((ROWS > 16 ? 2 : 8) * nsm + blocks - 1) / blocks, KT / 8));
     const int one_wave  = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) per_sm * nsm / blocks, KT / 8));
     const int two_waves = (int) std::max<int64_t>(1, std::min<int64_t>((int64_t) 2 * per_sm * nsm / blocks, KT / 8));
     const int shipped   = escha_cuda_ksplit((int64_t) per_sm * nsm, blocks, KT, GEMV && ROWS == 32);
     printf("K=%d IC=%d OC=%d M=%d: %d x %d blocks, %d resident per SM (%d in all); splits: first version %d, one wave %d, "
-           "two waves %d, shipped %d\n", K, IC, OC, M, a.n_x, n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
+           "two waves %d, shipped %d\n", K, IC, OC, M, n_x_of(a.n_x), n_z, per_sm, per_sm * nsm, old_split, one_wave, two_waves, shipped);
     std::vector<int> splits = {old_split, one_wave, std::max(1, one_wave / 2), two_waves, shipped, one_wave * 4, std::max(1, KT / 16)};
     if (getenv("ESCHA_BENCH_SWEEP")) { // grids of half a wave to four waves, each split count once
         splits = {shipped};

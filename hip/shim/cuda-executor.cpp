@@ -296,13 +296,13 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
         ksplit     = (a.KT + a.kt_chunk - 1) / a.kt_chunk;
         escha_consts_fill(a.dc);
         if (pair && fu.k1 == k) { // both ops' blocks in one launch, as escha.cu
-            a.pair_x    = a.n_x * plan.n_z;
+            a.pair_x    = plan.n_x * plan.n_z;
             a.pair_code = fu.code1;
             a.pair_xh   = xh1;
             a.pair_mid  = mid1;
-            launch(dim3((unsigned) (2 * a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+            launch(dim3((unsigned) (2 * plan.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
         } else {
-            launch(dim3((unsigned) (a.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
+            launch(dim3((unsigned) (plan.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel(a); });
         }
         if (pair && fu.k1 != k) { // code widths differ: a launch each, as escha.cu
             void (*kernel1)(escha_mm_args) = nullptr;
@@ -313,7 +313,7 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
             a1.code = fu.code1;
             a1.xh   = xh1;
             a1.mid  = mid1;
-            launch(dim3((unsigned) (a1.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel1(a1); });
+            launch(dim3((unsigned) (plan.n_x * plan.n_z), (unsigned) ksplit), ESCHA_THREADS, [&] { kernel1(a1); });
         }
     }
     if (fused) {
