@@ -26,6 +26,17 @@
 #   mutant-objects  compiles the mutants' objects (all at once) on a
 #            configured build, e.g. while the build runs:
 #     bash hip/device-build.sh configure && { bash hip/device-bench.sh mutant-objects & bash hip/device-build.sh; wait; } && bash hip/device-bench.sh mutants
+#   ab       a model A/B of this tree's escha.cu against another version's
+#            in one build: AB_HIP names a folder with that version's
+#            escha.cu, escha.cuh, escha-kernels.cuh and escha-plan.h (e.g.
+#            `git show OLD:hip/escha.cu` and so on, carried untracked); its
+#            object (compiled by ab-objects, or here) is linked into a copy
+#            of the build's bin/; then AB_ROUNDS (3) rounds of llama-bench
+#            tg128 -r 5 of AB_MODELS ("dense-escha moe-escha-q4rest", those
+#            present) on both, and their Q4_K_M twins on this tree's, with
+#            each round's ratios. The build is left as this tree's.
+#   ab-objects  compiles that object on a configured build, e.g. while the
+#            build runs (as mutant-objects)
 #   moe-perf test-backend-ops perf of the MoE ops at 1-2048 tokens, at
 #            each grouped block size, and MUL_MAT_ID with Q4_K and IQ2_XXS
 #   decode   the decode-once kernel (the dense BLAS path) against the C
@@ -319,17 +330,47 @@ mutant_objects() {
 # Puts an escha.cu object in the build with the original's mtime (ninja's
 # deps log would otherwise call it stale and recompile it), removes the CUDA
 # library so ninja relinks it, and checks that the object was not rebuilt.
+# install_object OBJECT LOG [ORIGINAL [TARGET...]]: the original's copy
+# (default the mutants' saved one) gives the mtime; the targets relinked
+# default to test-backend-ops.
 install_object() {
+    local src=$1 log=$2 ref=${3:-$mdir/orig.o}
+    shift 2; [ $# -gt 0 ] && shift
     # Copied, dated and moved in place in one step: a run cut short in
     # between never leaves a mutant's object with a fresh mtime (which the
     # mutants step would take for a rebuilt real one).
-    cp "$1" $bd/$obj.tmp
-    touch -r "$mdir/orig.o" $bd/$obj.tmp
+    cp "$src" $bd/$obj.tmp
+    touch -r "$ref" $bd/$obj.tmp
     mv $bd/$obj.tmp $bd/$obj
     rm -f "$lib"
-    ninja -C $bd test-backend-ops > "$2" 2>&1 || die "relinking with $1 failed ($2)"
-    cmp -s "$1" $bd/$obj || die "ninja rebuilt $obj instead of linking $1"
+    ninja -C $bd "${@:-test-backend-ops}" > "$log" 2>&1 || die "relinking with $src failed ($log)"
+    cmp -s "$src" $bd/$obj || die "ninja rebuilt $obj instead of linking $src"
     [ -f "$lib" ] || die "ninja did not relink $lib"
+}
+# The other version's escha.cu object of the ab step (AB_HIP), compiled
+# with the build's own compile line in a copy of ggml-cuda/ beside the real
+# one (its relative includes then resolve); needs a configured build.
+abdir=$PWD/.device-build/ab
+ab_object() {
+    local cuda=.device-build/llama.cpp/ggml/src/ggml-cuda cmd c
+    [ -n "${AB_HIP:-}" ] && [ -f "$AB_HIP/escha.cu" ] || die "ab: AB_HIP must name a folder with escha.cu and its headers"
+    [ -f $bd/build.ninja ] || die "ab: no configured build (bash hip/device-build.sh configure)"
+    mkdir -p "$abdir"
+    rm -rf "$cuda-ab"
+    cp -r "$cuda" "$cuda-ab"
+    cp "$AB_HIP"/escha* "$cuda-ab/"
+    cmd=$(ninja -C $bd -t commands $obj | tail -n 1)
+    [[ "$cmd" == *"-o $obj"* && "$cmd" == *"/ggml-cuda/escha.cu "* ]] || die "ab: no compile line for $obj: $cmd"
+    c=${cmd//"/ggml-cuda/escha.cu "/"/ggml-cuda-ab/escha.cu "}
+    c=${c//"$obj"/"$abdir/old.o.tmp"}
+    ( cd $bd && eval "$c" && mv "$abdir/old.o.tmp" "$abdir/old.o" ) > "$out/ab-compile.log" 2>&1 \
+        || die "ab: compiling $AB_HIP/escha.cu failed ($out/ab-compile.log)"
+}
+# tg128 of model file $2 on the ab step's build $1 (new or old).
+ab_tg() {
+    LD_LIBRARY_PATH=$abdir/bin-$1 $abdir/bin-$1/llama-bench -m "$2" -ngl 99 -p 0 -n 128 -r 5 -o md > "$out/ab-$r-$1-$(basename "$2" .gguf).md" 2>&1 \
+        || die "ab: llama-bench $2 on $1 failed ($out/ab-$r-$1-$(basename "$2" .gguf).md)"
+    grep tg128 "$out/ab-$r-$1-$(basename "$2" .gguf).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'
 }
 # A mutants run marks the build while a mutant is linked in; every other
 # step refuses such a build (a run cut short leaves it so: run mutants
@@ -468,6 +509,33 @@ for step in "$@"; do
             > "$out/perf-mulmat.log" 2>&1 || die "perf: MUL_MAT failed"
         echo "== MUL_MAT"
         grep -h "us/run" "$out/perf-mulmat.log" | sed 's/,per=.*pad=0)/)/' ;;
+    ab-objects)
+        ab_object ;;
+    ab)
+        lib=$(readlink -f $bd/bin/libggml-cuda.so)
+        [ -f "$lib" ] || die "ab: no $bd/bin/libggml-cuda.so (bash hip/device-build.sh)"
+        [ -f "$abdir/old.o" ] || ab_object
+        # This tree's object (its copy dates every relink), its bin/, the
+        # other's relinked and copied, and this tree's linked back.
+        cp -p $bd/$obj "$abdir/new.o"
+        rm -rf "$abdir/bin-new" "$abdir/bin-old"
+        cp -a $bd/bin "$abdir/bin-new"
+        install_object "$abdir/old.o" "$out/ab-link-old.log" "$abdir/new.o" llama-bench
+        cp -a $bd/bin "$abdir/bin-old"
+        install_object "$abdir/new.o" "$out/ab-link-new.log" "$abdir/new.o" llama-bench test-backend-ops
+        cmp -s "$abdir/bin-old/$(basename "$lib")" "$abdir/bin-new/$(basename "$lib")" && die "ab: both versions give the same library"
+        for r in $(seq "${AB_ROUNDS:-3}"); do
+            for m in ${AB_MODELS:-dense-escha moe-escha-q4rest}; do
+                f=$M/$m.gguf
+                [ -f "$f" ] || { echo "ab: no $f, skipped" >&2; continue; }
+                q=$M/${m%%-*}-q4km.gguf
+                a=$(ab_tg new "$f") b=$(ab_tg old "$f") c=
+                [ -f "$q" ] && c=$(ab_tg new "$q")
+                [ -n "$a" ] && [ -n "$b" ] && { [ ! -f "$q" ] || [ -n "$c" ]; } || die "ab: a run of round $r failed (above)"
+                echo "round $r, $m tg128: new $a, old $b (new/old $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", a / b }'))" \
+                    "${c:+; $(basename "$q" .gguf) $c (new $(awk -v a="$a" -v c="$c" 'BEGIN { printf "%.3f", a / c }')x, old $(awk -v b="$b" -v c="$c" 'BEGIN { printf "%.3f", b / c }')x)}"
+            done
+        done ;;
     moe-perf)
         # The MoE ops' block sizes against each other (GGML_ESCHA_MOE_ROWS
         # for each of MOE_ROWS_TRIED: GEMV blocks of 8-64 rows, 100 the
