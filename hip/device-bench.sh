@@ -34,7 +34,9 @@
 #            of the build's bin/; then AB_ROUNDS (3) rounds of llama-bench
 #            tg128 -r 5 of AB_MODELS ("dense-escha moe-escha-q4rest", those
 #            present) on both, and their Q4_K_M twins on this tree's, with
-#            each round's ratios. The build is left as this tree's.
+#            each round's ratios. The build is left as this tree's; an
+#            object already compiled is kept (remove .device-build/ab for
+#            another AB_HIP).
 #   ab-objects  compiles that object on a configured build, e.g. while the
 #            build runs (as mutant-objects)
 #   moe-perf test-backend-ops perf of the MoE ops at 1-2048 tokens, at
@@ -372,6 +374,7 @@ ab_tg() {
         || die "ab: llama-bench $2 on $1 failed ($out/ab-$r-$1-$(basename "$2" .gguf).md)"
     grep tg128 "$out/ab-$r-$1-$(basename "$2" .gguf).md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'
 }
+ab_ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", a / b }'; }
 # A mutants run marks the build while a mutant is linked in; every other
 # step refuses such a build (a run cut short leaves it so: run mutants
 # again, which links the real object back at its end).
@@ -532,8 +535,9 @@ for step in "$@"; do
                 a=$(ab_tg new "$f") b=$(ab_tg old "$f") c=
                 [ -f "$q" ] && c=$(ab_tg new "$q")
                 [ -n "$a" ] && [ -n "$b" ] && { [ ! -f "$q" ] || [ -n "$c" ]; } || die "ab: a run of round $r failed (above)"
-                echo "round $r, $m tg128: new $a, old $b (new/old $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", a / b }'))" \
-                    "${c:+; $(basename "$q" .gguf) $c (new $(awk -v a="$a" -v c="$c" 'BEGIN { printf "%.3f", a / c }')x, old $(awk -v b="$b" -v c="$c" 'BEGIN { printf "%.3f", b / c }')x)}"
+                line="round $r, $m tg128: new $a, old $b (new/old $(ab_ratio "$a" "$b"))"
+                [ -z "$c" ] || line+="; $(basename "$q" .gguf) $c (new $(ab_ratio "$a" "$c")x, old $(ab_ratio "$b" "$c")x)"
+                echo "$line"
             done
         done ;;
     moe-perf)

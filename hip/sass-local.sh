@@ -60,6 +60,26 @@ EOF
 fi
 export PATH=$cuda/bin:$PATH
 
+# The decode loop's length in instructions: the innermost backward branch
+# whose span holds the tensor-core products (HMMA). nvcc moves
+# instructions into or out of it with unrelated source changes, and the
+# batch-1 GEMV is issue-bound, so this is the count to watch.
+row_loop() {
+    python3 - "$1" <<'PY'
+import re, sys
+ins = [l.split(None, 1) for l in open(sys.argv[1]) if l.strip()]
+addr = [int(a, 16) for a, _ in ins]
+best = 0
+for i, (a, t) in enumerate(ins):
+    m = re.search(r"BRA 0x([0-9a-f]+)", t)
+    if m and int(m.group(1), 16) <= addr[i]:
+        body = [x for j, x in enumerate(ins[: i + 1]) if addr[j] >= int(m.group(1), 16)]
+        if any("HMMA" in x[1] for x in body) and (best == 0 or len(body) < best):
+            best = len(body)
+print(f"{best} instructions" if best else "none found")
+PY
+}
+
 [ $# -gt 0 ] || set -- shipped=
 read -ra kernels <<<"${ESCHA_SASS_KERNELS:-escha_gemv_kernelILi2ELi4ELi1ELb0E escha_gemv_kernelILi3ELi4ELi1ELb0E escha_gemv_kernelILi2ELi4ELi1ELb1E escha_gemv_kernelILi3ELi4ELi1ELb1E}"
 out=${ESCHA_SASS_OUT:-target/sass}
@@ -84,6 +104,8 @@ for v in "$@"; do
         echo "$name $k: $n instructions; divisions: $(grep -c 'CALL.REL' "$out/$name-$k.sass") 64-bit calls, $(grep -c 'MUFU.RCP' "$out/$name-$k.sass") reciprocals"
         echo "  mix: $(awk '{print $2 == "" ? "?" : ($2 ~ /^@/ ? $3 : $2)}' "$out/$name-$k.sass" | sed 's/\..*//' | sort | uniq -c | sort -rn | head -n 16 \
             | awk '{printf "%s %s, ", $2, $1}')"
+        echo "  row loop: $(row_loop "$out/$name-$k.sass"); registers: $(cuobjdump -res-usage "$work/$name.cubin" 2>/dev/null \
+            | grep -A1 "$k" | grep -o 'REG:[0-9]*' | head -n 1 | cut -d: -f2)"
     done
 done
 echo "SASS per kernel in $out"
