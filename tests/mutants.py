@@ -195,7 +195,7 @@ CUDA_KERNEL = [
       "y[q] = __fmul_rn(__fmul_rn(xq[q], scale), wq[q]);", "y[q] = __fmul_rn(__fmul_rn(xq[q], scale), wq[q ^ 1]);",
       "cuda_shim", "norm fusion: each channel multiplied by its neighbour's norm weight"),
     M("cuda-norm-row", "fast", CUH,
-      "const float * x = rows.row(r, e, bad);\n        const float scale", "const float * x = rows.row(0, e, bad);\n        const float scale",
+      "const float * x = rows.x_row(r); // dense rows\n        const float scale", "const float * x = rows.x_row(0); // dense rows\n        const float scale",
       "cuda_shim", "norm fusion: every row normalises the first row"),
 ]
 
