@@ -128,9 +128,16 @@ struct escha_rows {
     int64_t         si1;       // ids row stride in elements
     int64_t         n_expert;  // MoE: the number of experts
 
+    // Row r as (rest, i1): its index along ne1 and the rest above it (MoE:
+    // token and slot within the token).
+    __device__ __forceinline__ void split(const int64_t r, uint32_t & rest, uint32_t & i1) const {
+        rest = ne1.div((uint32_t) r);
+        i1   = (uint32_t) r - rest * ne1.d;
+    }
     // Row r's x.
     __device__ __forceinline__ const float * x_row(const int64_t r) const {
-        const uint32_t rest = ne1.div((uint32_t) r), i1 = (uint32_t) r - rest * ne1.d;
+        uint32_t rest, i1;
+        split(r, rest, i1);
         const uint32_t i3 = ne2.div(rest), i2 = rest - i3 * ne2.d;
         return (const float *) (x + (int64_t) nx1.mod(i1) * nb1 + (int64_t) i2 * nb2 + (int64_t) i3 * nb3);
     }
@@ -141,7 +148,8 @@ struct escha_rows {
             bad = false;
             return 0;
         }
-        const uint32_t rest = ne1.div((uint32_t) r), i1 = (uint32_t) r - rest * ne1.d;
+        uint32_t rest, i1;
+        split(r, rest, i1);
         const int e = ids[(int64_t) rest * si1 + i1];
         bad = escha_bad_id(e, n_expert);
         return bad ? 0 : e;
@@ -884,16 +892,14 @@ struct escha_mm_args {
     int              kt_chunk; // tile rows per split (gridDim.y splits)
     escha_divisor    n_x;      // blocks along the output tiles
     int              mode;     // 0 dense, 1 one slot per group, 2 grouped by expert
-    int64_t          n_expert; // modes 1, 2
-    const int32_t  * ids;      // mode 1: ids, slot r -> expert ids[(r / n_used) * si1 + r % n_used]
-    escha_divisor    n_used;
-    int64_t          si1;
     const int32_t  * sorted;   // mode 2: slots sorted by expert
     const int32_t  * bounds;   // mode 2: [E + 1]
     int              mblocks;  // mode 2: row blocks per expert
     escha_consts     dc;       // decode constants, set by escha_launch
-    // The fused token-generation kernel (escha_gemv_kernel's FUSED) reads
-    // x itself and writes dst: mid and arrive start at 0 and it leaves them so.
+    // The op's rows: mode 1 takes each slot's expert from them (its ids and
+    // n_expert), and the fused token-generation kernel (escha_gemv_kernel's
+    // FUSED) reads x itself and writes dst: mid and arrive start at 0 and it
+    // leaves them so.
     escha_rows       rows;
     escha_vecs       v;
     float          * dst;
@@ -936,15 +942,9 @@ struct escha_group {
             n_out = count;
         } else if (a.mode == 1) {
             first = z;
-            count = 1;
-            const uint32_t t = a.n_used.div((uint32_t) z);
-            e = a.ids[(int64_t) t * a.si1 + ((uint32_t) z - t * a.n_used.d)];
+            e     = a.rows.expert(z, bad); // 0 for a bad id
+            count = bad ? 0 : 1;           // a bad id: no multiply
             n_out = 1;
-            if (escha_bad_id((int) e, a.n_expert)) { // no multiply
-                e     = 0;
-                count = 0;
-                bad   = true;
-            }
         } else {
             e = z / a.mblocks;
             const int32_t lo = a.bounds[e] + (z % a.mblocks) * rows;

@@ -583,7 +583,6 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     a.IC       = IC;
     a.OC       = OC;
     a.n_rows   = n_rows;
-    a.n_expert = op.n_expert;
     a.n_x      = (int) plan.n_x;
     a.mode     = plan.mode;
     a.code_early = plan.code_early && early;
@@ -597,11 +596,7 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
     ggml_cuda_pool_alloc<int32_t> sorted(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> src1_unused(ctx.pool());
     ggml_cuda_pool_alloc<int32_t> bounds(ctx.pool());
-    if (plan.mode == ESCHA_CUDA_PER_SLOT) {
-        a.ids    = rows.ids;
-        a.n_used = (int) op.n_used;
-        a.si1    = rows.si1;
-    } else if (plan.mode == ESCHA_CUDA_GROUPED) {
+    if (plan.mode == ESCHA_CUDA_GROUPED) {
         sorted.alloc(n_rows);
         src1_unused.alloc(n_rows);
         bounds.alloc(op.n_expert + 1);

@@ -279,8 +279,8 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     escha_mm_args a = {};
     a.code = (const uint32_t *) d_code; a.code_es = (int64_t) n_code / 2; a.mid = d_mid; a.arrive = d_arrive;
     a.rows = rows; a.v = v; a.dst = d_y;
-    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.n_expert = n_expert; a.mode = plan.mode;
-    a.ids = d_ids; a.n_used = n_used; a.si1 = n_used; a.n_x = (int) plan.n_x; a.code_early = false;
+    a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = n_used; a.mode = plan.mode;
+    a.n_x = (int) plan.n_x; a.code_early = false;
     const auto launch = [&]() {
         if (ntw == 2) {
             escha_launch_gemv<K, 2, 1, true>(a, plan.n_z, plan.z_busy, nsm, 0);
@@ -292,7 +292,7 @@ static void run_moe_slots(const int IC, const int OC, const int n_expert, const 
     timer t;
     t.start();
     for (int i = 0; i < 1000; i++) {
-        a.ids = a.rows.ids = d_ids + (size_t) (i % n_sets) * n_used;
+        a.rows.ids = d_ids + (size_t) (i % n_sets) * n_used;
         launch();
     }
     const float us = t.stop_ms();

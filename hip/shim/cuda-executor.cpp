@@ -618,13 +618,9 @@ int ESCHA_SHIM_FN(moe)(int k, int64_t n_expert, int64_t ic, int64_t oc, const in
     a.IC      = (int) ic;
     a.OC      = (int) oc;
     a.n_rows  = n_rows;
-    a.n_expert = n_expert;
     std::vector<int32_t> sorted, bounds;
     if (!grouped) {
         a.mode   = 1;
-        a.ids    = ids;
-        a.n_used = (int) n_used;
-        a.si1    = ids_stride;
         return run_op(k, rows, v, n_rows, a, path, 1, 1, n_expert, ksplit, y);
     }
     for (int64_t e = 0; e < n_expert; e++) {
