@@ -451,16 +451,40 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
     }
 }
 
+// What rout_eff and the bias of expert e at outputs o0..o0+3 are made of,
+// as loaded: apart, so that a kernel can issue the loads long before it
+// uses them (nothing waits for a load until its value is used).
+struct escha_rout_parts {
+    half  r[4];
+    float s[4], b[4];
+
+    __device__ __forceinline__ void load(const escha_vecs & v, const int64_t e, const int o0) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            r[q] = v.rout[e * v.rout_es + o0 + q];
+            s[q] = v.s_out ? v.s_out[e * v.s_out_es + o0 + q] : 1.0f;
+            b[q] = v.bias ? v.bias[e * v.bias_es + o0 + q] : 0.0f;
+        }
+    }
+    // rout_eff (rout times s_out where there is one) and the bias (0
+    // without one).
+    __device__ __forceinline__ void eff(const escha_vecs & v, float ro[4], float bo[4]) const {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            ro[q] = __half2float(r[q]);
+            if (v.s_out) {
+                ro[q] = __fmul_rn(ro[q], s[q]);
+            }
+            bo[q] = b[q];
+        }
+    }
+};
+
 // rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
 static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        ro[q] = __half2float(v.rout[e * v.rout_es + o0 + q]);
-        if (v.s_out) {
-            ro[q] = __fmul_rn(ro[q], v.s_out[e * v.s_out_es + o0 + q]);
-        }
-        b[q] = v.bias ? v.bias[e * v.bias_es + o0 + q] : 0.0f;
-    }
+    escha_rout_parts p;
+    p.load(v, e, o0);
+    p.eff(v, ro, b);
 }
 
 // The output transform of one row's 128-block, a warp's share: its
@@ -500,12 +524,13 @@ static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, co
     escha_out_expert(v, m, e, bad, o0, lane, y);
 }
 
-// Row r's, of expert e, stored to dst[r] (the fused kernel's epilogue,
-// whose group has e already).
-static __device__ __forceinline__ void escha_out_lane(const escha_vecs & v, float m[4], const int64_t r, const int64_t e, const bool bad,
-                                                      const int o0, const int lane, const int OC, float * dst) {
+// Row r's, from its rout_eff and bias, stored to dst[r] (the fused
+// kernel's epilogue, which loads those for its group's expert early).
+static __device__ __forceinline__ void escha_out_lane(const escha_vecs & v, float m[4], const float ro[4], const float b[4],
+                                                      const int64_t r, const bool bad, const int o0, const int lane, const int OC,
+                                                      float * dst) {
     float y[4];
-    escha_out_expert(v, m, e, bad, o0, lane, y);
+    escha_out_values(v, m, ro, b, bad, lane, y);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         dst[r * OC + o0 + q] = y[q];
@@ -1176,6 +1201,48 @@ static __global__ void __launch_bounds__(ESCHA_THREADS, MT > 1 ? 3 : 1) escha_mm
 
 #ifdef ESCHA_HAVE_MMA
 #define ESCHA_GEMV_MMA 1
+
+// A warp's arrival at a count shared by the warps whose sums (relaxed
+// atomics into mid, every lane's) one of them finishes: true for the warp
+// that arrives last, whose lanes may then read all of those sums. On
+// NVIDIA lane 0 counts with an acquire-release atomic: the warp barrier
+// before it orders the other lanes' sums before its release, and the one
+// after it carries its acquire to them. That is the message passing of the
+// PTX memory model without a fence in every lane: __threadfence is
+// fence.sc.gpu (MEMBAR.SC.GPU), where a release or an acquire is enough.
+// In the CPU shim (the fused kernel runs on the mma path only: not on HIP)
+// the fences.
+static __device__ __forceinline__ bool escha_arrive_last(unsigned * count, const unsigned expected, const int lane) {
+    unsigned before = 0;
+#if defined(__CUDA_ARCH__) && !defined(ESCHA_CUDA_SHIM)
+    __syncwarp();
+    if (lane == 0) {
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+    }
+    before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
+    __syncwarp();
+    return before + 1 == expected;
+#else
+    __threadfence();
+    escha_syncwarp();
+    if (lane == 0) {
+        before = atomicAdd(count, 1u);
+    }
+    before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
+    if (before + 1 != expected) {
+        return false;
+    }
+    __threadfence();
+    return true;
+#endif
+}
+#endif // ESCHA_HAVE_MMA
+
+// Which code widths' fused kernels load their output transform's vectors
+// in their prologue (bit K set: K=2 -> 4, K=3 -> 8), the others in their
+// epilogue, by the last warp.
+#ifndef ESCHA_FUSED_OUT_EARLY
+#define ESCHA_FUSED_OUT_EARLY 8
 #endif
 
 // Tile rows of code the fused kernel keeps in flight, each in its own
@@ -1315,6 +1382,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
     } else if (any) {
         load_code(cw);
+    }
+    // The fused kernel's output transform: the 128 outputs this warp's 16 *
+    // NTW are part of, the lane's 4 at o0, and their rout_eff and bias,
+    // loaded here for whichever warp of them comes last: its epilogue then
+    // waits for its sums in L2 only, not for vectors that a token's
+    // weights have pushed out to HBM since the op last ran.
+    constexpr bool OUT_EARLY = FUSED && ((ESCHA_FUSED_OUT_EARLY >> K) & 1);
+    const int o128 = nt0 / 8, o0 = o128 * 128 + lane * 4;
+    escha_rout_parts out_parts;
+    if constexpr (OUT_EARLY) {
+        out_parts.load(a.v, g.e, o0);
     }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
@@ -1474,23 +1552,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         }
     }
     if constexpr (FUSED) {
-        // Arrive: this warp's sums are in mid (the fence makes them visible
-        // to whichever warp comes last) before its count goes up.
-        __threadfence();
-        escha_syncwarp();
         const int64_t z = a.n_x.div((uint32_t) work.bx);
-        const int o128 = nt0 / 8; // the 128 outputs this warp's 16 * NTW are part of
         unsigned * count = a.arrive + z * (a.OC / 128) + o128;
-        unsigned before = 0;
-        if (lane == 0) {
-            before = atomicAdd(count, 1u);
-        }
-        before = __shfl_sync(0xFFFFFFFF, before, 0, ESCHA_LANES);
-        if (before + 1 != (8 / NTW) * gridDim.y) {
+        if (!escha_arrive_last(count, (8 / NTW) * gridDim.y, lane)) {
             return;
         }
-        __threadfence(); // every other warp's sums, read from L2 (__ldcg: not this SM's L1)
-        const int o0 = o128 * 128 + lane * 4;
+        if constexpr (!OUT_EARLY) {
+            out_parts.load(a.v, g.e, o0);
+        }
+        float ro[4], ob[4];
+        out_parts.eff(a.v, ro, ob);
+        // Every other warp's sums, read from L2 (__ldcg: not this SM's L1).
         for (int i = 0; i < g.n_out; i++) {
             const int64_t r = g.out_row(i);
             float m[4];
@@ -1499,7 +1571,7 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
                 m[q] = __ldcg(work.mid + r * a.OC + o0 + q);
                 work.mid[r * a.OC + o0 + q] = 0.0f;
             }
-            escha_out_lane(a.v, m, r, g.e, g.bad, o0, lane, a.OC, a.dst);
+            escha_out_lane(a.v, m, ro, ob, r, g.bad, o0, lane, a.OC, a.dst);
         }
         if (lane == 0) {
             *count = 0;
