@@ -1385,9 +1385,9 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
     }
     // The fused kernel's output transform: the 128 outputs this warp's 16 *
     // NTW are part of, the lane's 4 at o0, and their rout_eff and bias,
-    // loaded here for whichever warp of them comes last: its epilogue then
-    // waits for its sums in L2 only, not for vectors that a token's
-    // weights have pushed out to HBM since the op last ran.
+    // loaded here where ESCHA_FUSED_OUT_EARLY asks (else by the last warp,
+    // in the epilogue). On an H100 the early loads timed even for K=3 and
+    // 25% slower for K=2 (docs/PERFORMANCE.md).
     constexpr bool OUT_EARLY = FUSED && ((ESCHA_FUSED_OUT_EARLY >> K) & 1);
     const int o128 = nt0 / 8, o0 = o128 * 128 + lane * 4;
     escha_rout_parts out_parts;
