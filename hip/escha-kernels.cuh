@@ -451,40 +451,17 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_norm_xh_kernel(
     }
 }
 
-// What rout_eff and the bias of expert e at outputs o0..o0+3 are made of,
-// as loaded: apart, so that a kernel can issue the loads long before it
-// uses them (nothing waits for a load until its value is used).
-struct escha_rout_parts {
-    half  r[4];
-    float s[4], b[4];
-
-    __device__ __forceinline__ void load(const escha_vecs & v, const int64_t e, const int o0) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            r[q] = v.rout[e * v.rout_es + o0 + q];
-            s[q] = v.s_out ? v.s_out[e * v.s_out_es + o0 + q] : 1.0f;
-            b[q] = v.bias ? v.bias[e * v.bias_es + o0 + q] : 0.0f;
-        }
-    }
-    // rout_eff (rout times s_out where there is one) and the bias (0
-    // without one).
-    __device__ __forceinline__ void eff(const escha_vecs & v, float ro[4], float bo[4]) const {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            ro[q] = __half2float(r[q]);
-            if (v.s_out) {
-                ro[q] = __fmul_rn(ro[q], s[q]);
-            }
-            bo[q] = b[q];
-        }
-    }
-};
-
-// rout_eff and the bias (0 without one) of expert e at outputs o0..o0+3.
+// rout_eff (rout times s_out where there is one) and the bias (0 without
+// one) of expert e at outputs o0..o0+3.
 static __device__ __forceinline__ void escha_rout_eff(const escha_vecs & v, const int64_t e, const int o0, float ro[4], float b[4]) {
-    escha_rout_parts p;
-    p.load(v, e, o0);
-    p.eff(v, ro, b);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        ro[q] = __half2float(v.rout[e * v.rout_es + o0 + q]);
+        if (v.s_out) {
+            ro[q] = __fmul_rn(ro[q], v.s_out[e * v.s_out_es + o0 + q]);
+        }
+        b[q] = v.bias ? v.bias[e * v.bias_es + o0 + q] : 0.0f;
+    }
 }
 
 // The output transform of one row's 128-block, a warp's share: its
@@ -507,25 +484,19 @@ static __device__ __forceinline__ void escha_out_values(const escha_vecs & v, fl
     }
 }
 
-// The outputs at o0 - 4 * lane (escha_out_values) of a row of expert e
-// (bad: its id was out of range), its rout_eff and bias loaded here.
-static __device__ __forceinline__ void escha_out_expert(const escha_vecs & v, float m[4], const int64_t e, const bool bad, const int o0,
-                                                        const int lane, float y[4]) {
+// The outputs at o0 - 4 * lane (escha_out_values) of row r, its expert
+// read from the ids (a bad id: NaN) and its rout_eff and bias loaded here.
+static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
+                                                     const int o0, const int lane, float y[4]) {
+    bool bad;
+    const int e = rows.expert(r, bad);
     float ro[4], b[4];
     escha_rout_eff(v, e, o0, ro, b);
     escha_out_values(v, m, ro, b, bad, lane, y);
 }
 
-// The same for row r, its expert read from the ids.
-static __device__ __forceinline__ void escha_out_row(const escha_rows & rows, const escha_vecs & v, float m[4], const int64_t r,
-                                                     const int o0, const int lane, float y[4]) {
-    bool bad;
-    const int e = rows.expert(r, bad);
-    escha_out_expert(v, m, e, bad, o0, lane, y);
-}
-
 // Row r's, from its rout_eff and bias, stored to dst[r] (the fused
-// kernel's epilogue, which loads those for its group's expert early).
+// kernel's epilogue, which loads those once for its group's expert).
 static __device__ __forceinline__ void escha_out_lane(const escha_vecs & v, float m[4], const float ro[4], const float b[4],
                                                       const int64_t r, const bool bad, const int o0, const int lane, const int OC,
                                                       float * dst) {
@@ -1238,13 +1209,6 @@ static __device__ __forceinline__ bool escha_arrive_last(unsigned * count, const
 }
 #endif // ESCHA_HAVE_MMA
 
-// Which code widths' fused kernels load their output transform's vectors
-// in their prologue (bit K set: K=2 -> 4, K=3 -> 8), the others in their
-// epilogue, by the last warp.
-#ifndef ESCHA_FUSED_OUT_EARLY
-#define ESCHA_FUSED_OUT_EARLY 8
-#endif
-
 // Tile rows of code the fused kernel keeps in flight, each in its own
 // slot of a per-warp ring in shared memory (K=3, 4 tiles a warp: 3 KB).
 // A MoE decode slot's grid is under half a wave: with one row in flight
@@ -1384,16 +1348,11 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         load_code(cw);
     }
     // The fused kernel's output transform: the 128 outputs this warp's 16 *
-    // NTW are part of, the lane's 4 at o0, and their rout_eff and bias,
-    // loaded here where ESCHA_FUSED_OUT_EARLY asks (else by the last warp,
-    // in the epilogue). On an H100 the early loads timed even for K=3 and
-    // 25% slower for K=2 (docs/PERFORMANCE.md).
-    constexpr bool OUT_EARLY = FUSED && ((ESCHA_FUSED_OUT_EARLY >> K) & 1);
+    // NTW are part of, and the lane's 4 at o0. Their rout_eff and bias are
+    // loaded by the last warp, in the epilogue: issued in the prologue they
+    // timed even for K=3 and 25% slower for K=2 on an H100 (nvcc gave the
+    // K=2 kernel 72 registers for them; docs/PERFORMANCE.md).
     const int o128 = nt0 / 8, o0 = o128 * 128 + lane * 4;
-    escha_rout_parts out_parts;
-    if constexpr (OUT_EARLY) {
-        out_parts.load(a.v, g.e, o0);
-    }
     // B fragment: lane holds input row lane/4 of each 8-row block, k pairs
     // kq and kq + 8. A padding row reads row 0 instead: its products land in
     // output columns that are never stored, and no load is predicated. The
@@ -1557,11 +1516,8 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
         if (!escha_arrive_last(count, (8 / NTW) * gridDim.y, lane)) {
             return;
         }
-        if constexpr (!OUT_EARLY) {
-            out_parts.load(a.v, g.e, o0);
-        }
         float ro[4], ob[4];
-        out_parts.eff(a.v, ro, ob);
+        escha_rout_eff(a.v, g.e, o0, ro, ob);
         // Every other warp's sums, read from L2 (__ldcg: not this SM's L1).
         for (int i = 0; i < g.n_out; i++) {
             const int64_t r = g.out_row(i);
