@@ -92,6 +92,15 @@ static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 // code ring too (an H100, code from HBM: down 10.03 against 9.84 us).
 static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 
+// Output tiles per warp of the dense GEMV with one 8-row block (1-8 rows:
+// token generation, MTP verify windows): 8, where its blocks of more rows
+// and MoE groups take 4. Each tile row's fixed work (the inputs' loads,
+// pointer steps, the loop) then serves 8 tiles, at 7 blocks an SM instead
+// of 10. H100, code from HBM (hip/bench ESCHA_BENCH_NTW, one row): 5120 ->
+// 17408 K=2 27.8 us against 29.2-29.4 at 4 tiles, 17408 -> 5120 K=3 30.4
+// against 31.7-32.1 (docs/PERFORMANCE.md).
+static constexpr int ESCHA_CUDA_GEMV_NTW = 8;
+
 // IC splits of a multiply at most, where a grid of two waves would take
 // more: it then takes one wave.
 static constexpr int64_t ESCHA_CUDA_MAX_SPLITS = 48;
@@ -177,8 +186,8 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
     p.mode = mode;
     p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS / 8; // 8-row blocks
     p.rows = family == ESCHA_CUDA_SIMT ? 16 : family == ESCHA_CUDA_MMA ? 64 : p.nb * 8;
-    // GEMV: 4 tile columns per warp.
-    p.ntw = family == ESCHA_CUDA_GEMV ? 4 : 2;
+    // GEMV: 4 tile columns per warp, 8 for a dense op's one 8-row block.
+    p.ntw = family != ESCHA_CUDA_GEMV ? 2 : mode == ESCHA_CUDA_DENSE && p.nb == 1 ? ESCHA_CUDA_GEMV_NTW : 4;
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
     // A dense op's weights are not written by a kernel on the device (a
     // host copy of op offload is ordered before the op as a whole), so its
@@ -229,6 +238,14 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
                        per_group <= fused_max_rows && nt % 8 == 0;
     return fused ? escha_cuda_fuse(p, nt, warps, fused_ntw) : p;
 }
+
+// The 27B's dense ops (5120 -> 17408): one row and 8 on the GEMV at 8
+// tiles a warp (34 blocks of 4 warps along the outputs), 9 rows at 4.
+static_assert(escha_cuda_make_plan(false, 1, 1, 0, 1088, 4, true, 128, 4).ntw == 8 &&
+                  escha_cuda_make_plan(false, 8, 8, 0, 1088, 4, true, 128, 4).n_x == 34 &&
+                  escha_cuda_make_plan(false, 9, 9, 0, 1088, 4, true, 128, 4).ntw == 4 &&
+                  escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 0).ntw == 4,
+              "the dense one-block GEMV at 8 tiles a warp, the others at 4");
 
 // The 35B-A3B's decode slots (8 a token; gate_up 1024 outputs): the fused
 // GEMV, 4 tiles a warp, 4 blocks of 4 warps along the outputs of a slot

@@ -646,6 +646,12 @@ static void escha_forward(ggml_backend_cuda_context & ctx, const escha_op & op, 
             } else {
                 escha_launch_gemv<3, 4, 1, true>(m, n_z, z_busy, nsm, stream);
             }
+        } else if (plan.nb == 1 && plan.ntw == 8) {
+            if (k == 2) {
+                escha_launch_gemv<2, 8, 1>(m, n_z, z_busy, nsm, stream);
+            } else {
+                escha_launch_gemv<3, 8, 1>(m, n_z, z_busy, nsm, stream);
+            }
         } else if (plan.nb == 1) {
             if (k == 2) {
                 escha_launch_gemv<2, 4, 1>(m, n_z, z_busy, nsm, stream);

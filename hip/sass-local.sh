@@ -81,7 +81,7 @@ PY
 }
 
 [ $# -gt 0 ] || set -- shipped=
-read -ra kernels <<<"${ESCHA_SASS_KERNELS:-escha_gemv_kernelILi2ELi4ELi1ELb0E escha_gemv_kernelILi3ELi4ELi1ELb0E escha_gemv_kernelILi2ELi4ELi1ELb1E escha_gemv_kernelILi3ELi4ELi1ELb1E}"
+read -ra kernels <<<"${ESCHA_SASS_KERNELS:-escha_gemv_kernelILi2ELi8ELi1ELb0E escha_gemv_kernelILi3ELi8ELi1ELb0E escha_gemv_kernelILi2ELi4ELi1ELb1E escha_gemv_kernelILi3ELi4ELi1ELb1E}"
 out=${ESCHA_SASS_OUT:-target/sass}
 mkdir -p "$out"
 work=$(mktemp -d)

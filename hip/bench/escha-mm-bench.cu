@@ -189,7 +189,14 @@ static void run_op(const int IC, const int OC, const int nsm) {
     escha_mm_args a = {};
     a.code = (const uint32_t *) d_code; a.xh = d_xh; a.mid = d_mid;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
-    a.n_x = (NT + 4 * ESCHA_WARPS - 1) / (4 * ESCHA_WARPS);
+    // The GEMV's tiles a warp as escha.cu's plan takes them at one row
+    // (ESCHA_CUDA_GEMV_NTW), or ESCHA_BENCH_GEMV_NTW (4 or 8).
+    const int ntw = getenv("ESCHA_BENCH_GEMV_NTW") ? atoi(getenv("ESCHA_BENCH_GEMV_NTW")) : ESCHA_CUDA_GEMV_NTW;
+    if (ntw != 4 && ntw != 8) {
+        fprintf(stderr, "ESCHA_BENCH_GEMV_NTW: 4 or 8, not %d\n", ntw);
+        exit(1);
+    }
+    a.n_x = (NT + ntw * ESCHA_WARPS - 1) / (ntw * ESCHA_WARPS);
     a.code_early = true; // as escha.cu runs a dense op
     // The three kernels launched as escha.cu launches them (dependent
     // launches on Hopper); with ESCHA_BENCH_COLD each op reads the next copy
@@ -207,7 +214,11 @@ static void run_op(const int IC, const int OC, const int nsm) {
     };
     auto mm = [&](const int i) {
         a.code = codes[i];
-        escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+        if (ntw == 8) {
+            escha_launch_gemv<K, 8, 1>(a, 1, 1, nsm, 0);
+        } else {
+            escha_launch_gemv<K, 4, 1>(a, 1, 1, nsm, 0);
+        }
     };
     for (int i = 0; i < 5; i++) { xh(); mm(i); out(); }
     timer t;
@@ -221,8 +232,8 @@ static void run_op(const int IC, const int OC, const int nsm) {
     for (int i = 0; i < 500; i++) { xh(); out(); }
     const float us_tr = t.stop_ms() * 2.0f;
     CUDA_CHECK(cudaGetLastError());
-    printf("op K=%d %d -> %d, batch 1, dependent launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
-           K, IC, OC, us_op, us_mm, us_tr);
+    printf("op K=%d %d -> %d, batch 1, %d tiles a warp, dependent launches: whole op %.2f us, multiply alone %.2f us, both transforms alone %.2f us\n",
+           K, IC, OC, ntw, us_op, us_mm, us_tr);
     CUDA_CHECK(cudaFree(d_code)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_xh));
     CUDA_CHECK(cudaFree(d_mid)); CUDA_CHECK(cudaFree(d_y));
 }
@@ -324,9 +335,9 @@ int main() {
         } else if (!strcmp(only, "32")) {
             run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
         } else if (only[0] == '3') {
-            run_shape<3, 4, 8>(17408, 5120, 1, nsm);
+            run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(17408, 5120, 1, nsm);
         } else {
-            run_shape<2, 4, 8>(5120, 17408, 1, nsm);
+            run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
         }
         return 0;
     }
@@ -341,21 +352,21 @@ int main() {
         return 0;
     }
     if (getenv("ESCHA_BENCH_27B")) { // the 27B's other projections at one row (up is K=3 at gate's shape)
-        run_shape<3, 4, 8>(5120, 17408, 1, nsm);
-        run_shape<2, 4, 8>(5120, 12288, 1, nsm);
-        run_shape<2, 4, 8>(5120, 10240, 1, nsm);
-        run_shape<2, 4, 8>(5120, 6144, 1, nsm);
-        run_shape<2, 4, 8>(6144, 5120, 1, nsm);
-        run_shape<2, 4, 8>(5120, 1024, 1, nsm);
+        run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
+        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 12288, 1, nsm);
+        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 10240, 1, nsm);
+        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 6144, 1, nsm);
+        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(6144, 5120, 1, nsm);
+        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 1024, 1, nsm);
         return 0;
     }
-    run_shape<2, 4, 8>(5120, 17408, 1, nsm);
-    run_shape<3, 4, 8>(17408, 5120, 1, nsm);
-    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV
+    run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
+    run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(17408, 5120, 1, nsm);
+    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV, against the plan's ESCHA_CUDA_GEMV_NTW
         run_shape<2, 2, 8>(5120, 17408, 1, nsm);
-        run_shape<2, 8, 8>(5120, 17408, 1, nsm);
+        run_shape<2, 4, 8>(5120, 17408, 1, nsm);
         run_shape<3, 2, 8>(17408, 5120, 1, nsm);
-        run_shape<3, 8, 8>(17408, 5120, 1, nsm);
+        run_shape<3, 4, 8>(17408, 5120, 1, nsm);
     }
     if (getenv("ESCHA_BENCH_MID")) { // 32 and 64 rows on the GEMV kernel, block shapes
         run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
@@ -369,7 +380,7 @@ int main() {
         run_shape<3, 4, 32, true>(17408, 5120, 32, nsm);
         return 0;
     }
-    run_shape<2, 4, 8>(5120, 17408, 8, nsm);
+    run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 8, nsm);
     run_shape<2, 4, 16>(5120, 17408, 16, nsm);
     run_shape<2, 2, 64>(5120, 17408, 512, nsm);
     run_shape<3, 2, 64>(17408, 5120, 512, nsm);

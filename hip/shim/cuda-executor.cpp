@@ -188,7 +188,7 @@ bool pick(const escha_cuda_plan & p, void (*&kernel)(escha_mm_args)) {
     switch (p.family) {
         case ESCHA_CUDA_GEMV:
             kernel = p.fused     ? (p.ntw == 2 ? escha_gemv_kernel<K, 2, 1, true> : escha_gemv_kernel<K, 4, 1, true>)
-                     : p.nb == 1 ? escha_gemv_kernel<K, 4, 1>
+                     : p.nb == 1 ? (p.ntw == 8 ? escha_gemv_kernel<K, 8, 1> : escha_gemv_kernel<K, 4, 1>)
                      : p.nb == 2 ? escha_gemv_kernel<K, 4, 2>
                                  : escha_gemv_kernel<K, 4, 4>;
             return true;
