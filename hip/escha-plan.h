@@ -93,13 +93,27 @@ static constexpr int     ESCHA_CUDA_FUSED_KT_MAX   = 32;
 static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 
 // Output tiles per warp of the dense GEMV with one 8-row block (1-8 rows:
-// token generation, MTP verify windows): 8, where its blocks of more rows
-// and MoE groups take 4. Each tile row's fixed work (the inputs' loads,
-// pointer steps, the loop) then serves 8 tiles, at 7 blocks an SM instead
-// of 10. H100, code from HBM (hip/bench ESCHA_BENCH_NTW, one row): 5120 ->
-// 17408 K=2 27.8 us against 29.2-29.4 at 4 tiles, 17408 -> 5120 K=3 30.4
-// against 31.7-32.1 (docs/PERFORMANCE.md).
-static constexpr int ESCHA_CUDA_GEMV_NTW = 8;
+// token generation, MTP verify windows) in a large op: 8 where it has at
+// least ESCHA_CUDA_GEMV_WIDE_TILES tiles an SM, else 4 as its blocks of
+// more rows and MoE groups take. Each tile row's fixed work (the inputs'
+// loads, pointer steps, the loop) then serves 8 tiles (nvcc 13.5: 45.4
+// instructions a tile for K=2, 50.4 for K=3, against 46.75 / 53.5) at 7
+// blocks an SM instead of 10, so the grid fills a wave only where the op
+// is large. H100, whole ops at one row, code from HBM (hip/bench
+// ESCHA_BENCH_OPS, docs/PERFORMANCE.md), 8 against 4 tiles a warp: 5120 ->
+// 17408 K=2 30.1-30.5 against 31.0 us, K=3 32.4-33.0 against 33.2-33.4,
+// 17408 -> 5120 K=3 32.3-32.4 against 33.1; but 5120 -> 12288 24.0-24.2
+// against 23.5-23.6 and 5120 -> 10240 21.8-21.9 against 20.5-20.7 (320 x
+// 768 and 320 x 640 tiles on 132 SMs: 1,862 and 1,552 an SM; the 17408
+// shapes have 2,638).
+static constexpr int     ESCHA_CUDA_GEMV_WIDE_NTW   = 8;
+static constexpr int64_t ESCHA_CUDA_GEMV_WIDE_TILES = 2400;
+static constexpr bool escha_cuda_gemv_wide(const int64_t kt, const int64_t nt, const int64_t nsm) {
+    return kt * nt >= ESCHA_CUDA_GEMV_WIDE_TILES * nsm;
+}
+static_assert(escha_cuda_gemv_wide(320, 1088, 132) && escha_cuda_gemv_wide(1088, 320, 132) && !escha_cuda_gemv_wide(320, 768, 132) &&
+                  !escha_cuda_gemv_wide(384, 320, 132),
+              "the 27B's 17408-wide ops on an H100 or H200, not its 12288-wide or smaller ones");
 
 // IC splits of a multiply at most, where a grid of two waves would take
 // more: it then takes one wave.
@@ -178,16 +192,19 @@ static constexpr escha_cuda_plan escha_cuda_fuse(escha_cuda_plan p, const int nt
 // weight serves, which size the blocks (dense: all rows; PER_SLOT: 1;
 // GROUPED: escha_cuda_moe_block_rows); most: GROUPED, the rows one expert
 // can get (the tokens), which the blocks per expert cover. nt: output
-// tiles (OC / 16); warps: warps per block.
+// tiles (OC / 16); warps: warps per block; gemv_wide: a large op
+// (escha_cuda_gemv_wide), whose dense one-block GEMV takes 8 tiles a warp.
 static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64_t n_rows, int64_t per_group, int64_t most,
-                                                  int64_t n_expert, int nt, int warps) {
+                                                  int64_t n_expert, int nt, int warps, bool gemv_wide = false) {
     escha_cuda_plan p{};
     p.family = family;
     p.mode = mode;
     p.nb = per_group <= 8 ? 1 : per_group <= 16 ? 2 : ESCHA_CUDA_GEMV_BLOCK_MAX_ROWS / 8; // 8-row blocks
     p.rows = family == ESCHA_CUDA_SIMT ? 16 : family == ESCHA_CUDA_MMA ? 64 : p.nb * 8;
-    // GEMV: 4 tile columns per warp, 8 for a dense op's one 8-row block.
-    p.ntw = family != ESCHA_CUDA_GEMV ? 2 : mode == ESCHA_CUDA_DENSE && p.nb == 1 ? ESCHA_CUDA_GEMV_NTW : 4;
+    // GEMV: 4 tile columns per warp, 8 for a large dense op's one 8-row block.
+    p.ntw = family != ESCHA_CUDA_GEMV                             ? 2
+            : gemv_wide && mode == ESCHA_CUDA_DENSE && p.nb == 1 ? ESCHA_CUDA_GEMV_WIDE_NTW
+                                                                  : 4;
     p.n_x = (nt + p.ntw * warps - 1) / (p.ntw * warps);
     // A dense op's weights are not written by a kernel on the device (a
     // host copy of op offload is ordered before the op as a whole), so its
@@ -222,14 +239,14 @@ static constexpr escha_cuda_plan escha_cuda_plan_for(int family, int mode, int64
 static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, int64_t n_tokens, int64_t n_expert, int nt,
                                                    int warps, bool use_mma, int64_t blas_min_rows, int64_t fused_max_rows,
                                                    int64_t moe_rows = 0, int fused_ntw = ESCHA_CUDA_FUSED_NTW,
-                                                   bool fused_dense = false) {
+                                                   bool fused_dense = false, bool gemv_wide = false) {
     const bool    direct    = moe && n_tokens <= ESCHA_CUDA_DIRECT_MAX_TOKENS;
     const int64_t grouped   = moe_rows > 0 ? moe_rows : escha_cuda_moe_block_rows(n_rows, n_expert);
     const int64_t per_group = !moe ? n_rows : (direct ? 1 : grouped);
     const int     mode      = !moe ? ESCHA_CUDA_DENSE : direct ? ESCHA_CUDA_PER_SLOT : ESCHA_CUDA_GROUPED;
     const bool    blas      = !moe && blas_min_rows > 0 && n_rows >= blas_min_rows;
     const int     family    = blas ? ESCHA_CUDA_BLAS : !use_mma ? ESCHA_CUDA_SIMT : per_group > ESCHA_CUDA_GEMV_MAX_ROWS ? ESCHA_CUDA_MMA : ESCHA_CUDA_GEMV;
-    escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_tokens, n_expert, nt, warps);
+    escha_cuda_plan p = escha_cuda_plan_for(family, mode, n_rows, per_group, n_tokens, n_expert, nt, warps, gemv_wide);
     // Measured on the H200 (docs/PERFORMANCE.md): the fused kernel wins for
     // MoE decode slots (10.2 against 11.8 us, 35B down) and loses on the
     // dense 27B shapes (35.8 against 33.5 us at one row, more at 2-4: its
@@ -239,13 +256,14 @@ static constexpr escha_cuda_plan escha_cuda_make_plan(bool moe, int64_t n_rows, 
     return fused ? escha_cuda_fuse(p, nt, warps, fused_ntw) : p;
 }
 
-// The 27B's dense ops (5120 -> 17408): one row and 8 on the GEMV at 8
-// tiles a warp (34 blocks of 4 warps along the outputs), 9 rows at 4.
-static_assert(escha_cuda_make_plan(false, 1, 1, 0, 1088, 4, true, 128, 4).ntw == 8 &&
-                  escha_cuda_make_plan(false, 8, 8, 0, 1088, 4, true, 128, 4).n_x == 34 &&
-                  escha_cuda_make_plan(false, 9, 9, 0, 1088, 4, true, 128, 4).ntw == 4 &&
-                  escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 0).ntw == 4,
-              "the dense one-block GEMV at 8 tiles a warp, the others at 4");
+// The 27B's large dense ops (5120 -> 17408): one row and 8 on the GEMV at
+// 8 tiles a warp (34 blocks of 4 warps along the outputs), 9 rows at 4.
+static_assert(escha_cuda_make_plan(false, 1, 1, 0, 1088, 4, true, 128, 4, 0, 4, false, true).ntw == 8 &&
+                  escha_cuda_make_plan(false, 8, 8, 0, 1088, 4, true, 128, 4, 0, 4, false, true).n_x == 34 &&
+                  escha_cuda_make_plan(false, 9, 9, 0, 1088, 4, true, 128, 4, 0, 4, false, true).ntw == 4 &&
+                  escha_cuda_make_plan(false, 1, 1, 0, 1088, 4, true, 128, 4).ntw == 4 &&
+                  escha_cuda_make_plan(true, 8, 1, 256, 64, 4, true, 128, 0, 0, 4, false, true).ntw == 4,
+              "the large dense one-block GEMV at 8 tiles a warp, the others at 4");
 
 // The 35B-A3B's decode slots (8 a token; gate_up 1024 outputs): the fused
 // GEMV, 4 tiles a warp, 4 blocks of 4 warps along the outputs of a slot

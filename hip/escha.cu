@@ -322,10 +322,13 @@ static bool escha_use_mma() {
 #endif
 }
 
-// The op's plan (escha-plan.h), with the fused kernel up to fused_max_rows.
+// The op's plan (escha-plan.h), with the fused kernel up to fused_max_rows,
+// on the current device (its SMs decide what a large op is).
 static escha_cuda_plan escha_plan_of(const escha_op & op, const int64_t fused_max_rows) {
+    const int nsm = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
     return escha_cuda_make_plan(op.moe, op.n_slots, op.n_tokens, op.n_expert, op.oc / 16, ESCHA_WARPS, escha_use_mma(),
-                                escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw(), escha_fused_dense());
+                                escha_blas_min_rows(), fused_max_rows, escha_moe_rows(), escha_fused_ntw(), escha_fused_dense(),
+                                escha_cuda_gemv_wide(op.ic / 16, op.oc / 16, nsm));
 }
 
 // What escha_forward runs beyond the op itself (ggml_cuda_escha_try_fuse):

@@ -12,7 +12,8 @@
 #   default: one variant, the tree as it is ("shipped="); each NAME gets
 #   its own cubin, e.g. hip/sass-local.sh shipped= noring=-DESCHA_FUSED_RING_KS=0
 # ESCHA_SASS_KERNELS: kernel name patterns (default: the batch-1 GEMV at
-#   K=2 and K=3, and the fused one-launch kernel of the MoE decode slots)
+#   K=2 and K=3 at 4 and 8 tiles a warp, and the fused one-launch kernel of
+#   the MoE decode slots)
 # ESCHA_SASS_OUT: where each kernel's SASS is written (default: target/sass)
 # Needs: cargo build --release --features tools once (the prepared
 # llama.cpp tree, for ggml's headers), python3 with pip, g++ and the network once:
@@ -81,7 +82,7 @@ PY
 }
 
 [ $# -gt 0 ] || set -- shipped=
-read -ra kernels <<<"${ESCHA_SASS_KERNELS:-escha_gemv_kernelILi2ELi8ELi1ELb0E escha_gemv_kernelILi3ELi8ELi1ELb0E escha_gemv_kernelILi2ELi4ELi1ELb1E escha_gemv_kernelILi3ELi4ELi1ELb1E}"
+read -ra kernels <<<"${ESCHA_SASS_KERNELS:-escha_gemv_kernelILi2ELi4ELi1ELb0E escha_gemv_kernelILi3ELi4ELi1ELb0E escha_gemv_kernelILi2ELi8ELi1ELb0E escha_gemv_kernelILi3ELi8ELi1ELb0E escha_gemv_kernelILi2ELi4ELi1ELb1E escha_gemv_kernelILi3ELi4ELi1ELb1E}"
 out=${ESCHA_SASS_OUT:-target/sass}
 mkdir -p "$out"
 work=$(mktemp -d)

@@ -56,9 +56,9 @@ for name in "${names[@]}"; do
     cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null
     for k in 2 3; do
         # the batch-1 kernel's code (unfused), to count its loop
-        awk "/Function : .*escha_gemv_kernelILi${k}ELi8ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+        awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
             | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k$k-$name.txt"
-        echo "sass $name K=$k: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi8ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+        echo "sass $name K=$k: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
             | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 \
             | awk '{printf "%s %s, ", $2, $1}')"
     done

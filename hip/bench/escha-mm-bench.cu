@@ -190,8 +190,10 @@ static void run_op(const int IC, const int OC, const int nsm) {
     a.code = (const uint32_t *) d_code; a.xh = d_xh; a.mid = d_mid;
     a.KT = KT; a.NT = NT; a.IC = IC; a.OC = OC; a.n_rows = 1; a.mode = 0;
     // The GEMV's tiles a warp as escha.cu's plan takes them at one row
-    // (ESCHA_CUDA_GEMV_NTW), or ESCHA_BENCH_GEMV_NTW (4 or 8).
-    const int ntw = getenv("ESCHA_BENCH_GEMV_NTW") ? atoi(getenv("ESCHA_BENCH_GEMV_NTW")) : ESCHA_CUDA_GEMV_NTW;
+    // (escha_cuda_gemv_wide), or ESCHA_BENCH_GEMV_NTW (4 or 8).
+    const int ntw = getenv("ESCHA_BENCH_GEMV_NTW")            ? atoi(getenv("ESCHA_BENCH_GEMV_NTW"))
+                    : escha_cuda_gemv_wide(KT, NT, nsm) ? ESCHA_CUDA_GEMV_WIDE_NTW
+                                                        : 4;
     if (ntw != 4 && ntw != 8) {
         fprintf(stderr, "ESCHA_BENCH_GEMV_NTW: 4 or 8, not %d\n", ntw);
         exit(1);
@@ -335,9 +337,9 @@ int main() {
         } else if (!strcmp(only, "32")) {
             run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
         } else if (only[0] == '3') {
-            run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(17408, 5120, 1, nsm);
+            run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(17408, 5120, 1, nsm);
         } else {
-            run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
+            run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
         }
         return 0;
     }
@@ -352,17 +354,17 @@ int main() {
         return 0;
     }
     if (getenv("ESCHA_BENCH_27B")) { // the 27B's other projections at one row (up is K=3 at gate's shape)
-        run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
-        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 12288, 1, nsm);
-        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 10240, 1, nsm);
-        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 6144, 1, nsm);
-        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(6144, 5120, 1, nsm);
-        run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 1024, 1, nsm);
+        run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
+        run_shape<2, 4, 8>(5120, 12288, 1, nsm);
+        run_shape<2, 4, 8>(5120, 10240, 1, nsm);
+        run_shape<2, 4, 8>(5120, 6144, 1, nsm);
+        run_shape<2, 4, 8>(6144, 5120, 1, nsm);
+        run_shape<2, 4, 8>(5120, 1024, 1, nsm);
         return 0;
     }
-    run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 1, nsm);
-    run_shape<3, ESCHA_CUDA_GEMV_NTW, 8>(17408, 5120, 1, nsm);
-    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV, against the plan's ESCHA_CUDA_GEMV_NTW
+    run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
+    run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(17408, 5120, 1, nsm);
+    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV, against the plan's 8 for these shapes
         run_shape<2, 2, 8>(5120, 17408, 1, nsm);
         run_shape<2, 4, 8>(5120, 17408, 1, nsm);
         run_shape<3, 2, 8>(17408, 5120, 1, nsm);
@@ -380,7 +382,7 @@ int main() {
         run_shape<3, 4, 32, true>(17408, 5120, 32, nsm);
         return 0;
     }
-    run_shape<2, ESCHA_CUDA_GEMV_NTW, 8>(5120, 17408, 8, nsm);
+    run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 8, nsm);
     run_shape<2, 4, 16>(5120, 17408, 16, nsm);
     run_shape<2, 2, 64>(5120, 17408, 512, nsm);
     run_shape<3, 2, 64>(17408, 5120, 512, nsm);

@@ -142,10 +142,14 @@ std::vector<T> nan_filled(size_t n) {
 // by BLAS (dense only), 4 the fused token-generation kernel (the GEMV's
 // FUSED: one launch, up to ESCHA_CUDA_FUSED_MAX_ROWS rows a group, not
 // grouped by expert).
-const int k_family_of_path[6] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS, ESCHA_CUDA_GEMV, ESCHA_CUDA_GEMV };
+const int k_family_of_path[7] = { ESCHA_CUDA_GEMV, ESCHA_CUDA_MMA, ESCHA_CUDA_SIMT, ESCHA_CUDA_BLAS,
+                                   ESCHA_CUDA_GEMV, ESCHA_CUDA_GEMV, ESCHA_CUDA_GEMV };
 constexpr int k_path_fused = 4;
 // 5: the fused kernel at 2 output tiles a warp (GGML_ESCHA_FUSED_NTW=2).
 constexpr int k_path_fused2 = 5;
+// 6: the token-generation GEMV as a large dense op takes it
+// (escha_cuda_gemv_wide: 8 output tiles a warp for one 8-row block).
+constexpr int k_path_gemv_wide = 6;
 
 // What the executor returns for a fused op that left its state (mid, the
 // arrival counts) other than all zero: the next op would start wrong.
@@ -228,13 +232,15 @@ int run_op(int k, const escha_rows & rows, const escha_vecs & v, int64_t n_rows,
     const bool fused = path == k_path_fused || path == k_path_fused2;
     const bool pair  = fu.code1 != nullptr;
     const bool ahead = fu.n_share > 0 || fu.next.xh != nullptr || fu.own_xh != nullptr;
-    if (path < 0 || path > 5 || (path == 0 && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) || (path == 3 && a.mode != 0) ||
+    if (path < 0 || path > 6 || ((path == 0 || path == k_path_gemv_wide) && rows_per_group > ESCHA_CUDA_GEMV_MAX_ROWS) ||
+        (path == 3 && a.mode != 0) ||
         (fused && (rows_per_group > ESCHA_CUDA_FUSED_MAX_ROWS || a.mode == ESCHA_CUDA_GROUPED)) ||
         ((pair || fu.kind != ESCHA_EPI_NONE || ahead) && (fused || a.mode != 0 || pair != (fu.kind == ESCHA_EPI_SWIGLU))) ||
         (fu.own_xh && (pair || fu.n_share > 0)) || (pair ? 2 : 1) + fu.n_share > ESCHA_XH_OPS) {
         return -1;
     }
-    escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS);
+    escha_cuda_plan plan = escha_cuda_plan_for(k_family_of_path[path], a.mode, n_rows, rows_per_group, most, n_expert, a.NT, ESCHA_WARPS,
+                                               path == k_path_gemv_wide);
     if (fused) {
         plan = escha_cuda_fuse(plan, a.NT, ESCHA_WARPS, path == k_path_fused2 ? 2 : ESCHA_CUDA_FUSED_NTW);
     }

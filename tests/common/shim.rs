@@ -337,6 +337,9 @@ pub const BLAS: i32 = 3;
 pub const FUSED: i32 = 4;
 /// the fused kernel at 2 output tiles a warp (GGML_ESCHA_FUSED_NTW=2)
 pub const FUSED2: i32 = 5;
+/// escha_gemv_kernel as a large dense op takes it (escha_cuda_gemv_wide):
+/// 8 output tiles a warp for one 8-row block, 4 for more rows
+pub const GEMV_WIDE: i32 = 6;
 /// What the executor returns when the fused kernel left its state nonzero.
 const FUSED_STATE_LEFT: i32 = -2;
 
@@ -523,6 +526,11 @@ impl CudaShim {
                 // IC split over blocks: partial sums meet in f32 atomics.
                 all.push(self.dense_case(&p, 3, GEMV, 3, 203));
                 all.push(self.dense_case(&p, 16, GEMV, 16, 216));
+                // A large op's one 8-row block at 8 tiles a warp (the 128x128
+                // case: one block, its warps 1-3 past the edge), split or not.
+                for (m, ksplit) in [(1, 1), (5, 1), (8, 3), (3, 4)] {
+                    all.push(self.dense_case(&p, m, GEMV_WIDE, ksplit, 250 + m as u64));
+                }
                 // Prefill: one 64-row block, two (the second partial), a split.
                 for (m, ksplit) in [(1, 1), (17, 1), (70, 1), (33, 4)] {
                     all.push(self.dense_case(&p, m, PREFILL, ksplit, 300 + m as u64));
@@ -593,7 +601,7 @@ impl CudaShim {
                 let gate = dense_problem(31 * k as u64 + ic as u64, k, ic, oc, true, true);
                 let up = dense_problem(37 * k1 as u64 + ic as u64, k1, ic, oc, true, false);
                 for (path, m, ksplit) in
-                    [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV, 40, 2), (PREFILL, 17, 1), (PREFILL, 70, 3), (SIMT, 9, 2), (BLAS, 33, 2)]
+                    [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV_WIDE, 2, 3), (GEMV, 40, 2), (PREFILL, 17, 1), (PREFILL, 70, 3), (SIMT, 9, 2), (BLAS, 33, 2)]
                 {
                     let path = self.path(path);
                     let what = format!("{} fusion K={k}/{k1} {ic}x{oc} m={m} path={path} ksplit={ksplit}", self.name);
@@ -647,7 +655,9 @@ impl CudaShim {
             let share_a = dense_problem(71 * k2 as u64, k2, ic, 128, true, false);
             let share_b = dense_problem(73 * k as u64, k, ic, 256, false, true);
             let next = dense_problem(79 * k2 as u64, k2, oc, 256, true, true);
-            for (path, m, ksplit) in [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV, 40, 2), (PREFILL, 17, 1), (SIMT, 9, 2), (BLAS, 33, 2)] {
+            for (path, m, ksplit) in
+                [(GEMV, 1, 1), (GEMV, 3, 4), (GEMV_WIDE, 1, 2), (GEMV, 40, 2), (PREFILL, 17, 1), (SIMT, 9, 2), (BLAS, 33, 2)]
+            {
                 let path = self.path(path);
                 let x = first.input(960 + m as u64, m);
                 let r = Rng::new(970 + m as u64).f32s(m * oc, -2.0, 2.0);
