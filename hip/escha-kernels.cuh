@@ -966,10 +966,10 @@ struct escha_group {
 // the output edge or with an empty split; g.count may still be 0 (a slot
 // with a bad id, whose outputs the fused kernel still writes).
 // edge_last: a warp past the output edge still sets up its group and split
-// before it gets false. Same result; for the token-generation kernel nvcc
-// 13 then allocates 56 registers instead of 62-63 and its loop takes 48.5
-// instructions a tile instead of 49.75 (K=2; K=3 52.75 instead of 54.5), 9
-// blocks an SM instead of 8 (docs/PERFORMANCE.md). The prefill kernel keeps
+// before it gets false. Same result; when it was added, nvcc 13 then gave
+// the token-generation kernel (4 tiles a warp) 56 registers instead of
+// 62-63 and a loop of 48.5 instructions a tile instead of 49.75 (K=2; K=3
+// 52.75 instead of 54.5), 9 blocks an SM instead of 8 (docs/PERFORMANCE.md). The prefill kernel keeps
 // the early return (with edge_last its register count moved too, and its
 // 512-row times went both ways), and so does the fused kernel (not timed
 // with edge_last).

@@ -106,6 +106,7 @@ static constexpr int ESCHA_CUDA_FUSED_NTW = 4;
 // against 23.5-23.6 and 5120 -> 10240 21.8-21.9 against 20.5-20.7 (320 x
 // 768 and 320 x 640 tiles on 132 SMs: 1,862 and 1,552 an SM; the 17408
 // shapes have 2,638).
+#define ESCHA_CUDA_HAS_GEMV_WIDE 1 // for hip/bench, which also builds older sources
 static constexpr int     ESCHA_CUDA_GEMV_WIDE_NTW   = 8;
 static constexpr int64_t ESCHA_CUDA_GEMV_WIDE_TILES = 2400;
 static constexpr bool escha_cuda_gemv_wide(const int64_t kt, const int64_t nt, const int64_t nsm) {

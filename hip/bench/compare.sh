@@ -52,15 +52,18 @@ for round in $(seq "${ESCHA_BENCH_ROUNDS:-1}"); do
 done
 [ "${ESCHA_BENCH_PROFILE:-1}" = 1 ] || exit $status
 for name in "${names[@]}"; do
-    # instruction mix of the batch-1 GEMV kernels (K=2 and K=3)
+    # instruction mix of the batch-1 GEMV kernels (K=2 and K=3; 4 tiles a
+    # warp, and 8 as large dense ops take it)
     cuobjdump -sass "$src/bench-$name" > "$src/sass-$name.txt" 2>/dev/null
     for k in 2 3; do
-        # the batch-1 kernel's code (unfused), to count its loop
-        awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
-            | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k$k-$name.txt"
-        echo "sass $name K=$k: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi4ELi1E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
-            | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 \
-            | awk '{printf "%s %s, ", $2, $1}')"
+        for n in 4 8; do
+            # the batch-1 kernel's code (unfused), to count its loop
+            awk "/Function : .*escha_gemv_kernelILi${k}ELi${n}ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+                | grep -E '^\s+/\*[0-9a-f]+\*/' | sed -E 's@^\s+/\*([0-9a-f]+)\*/\s+@\1 @; s@\s*/\*.*@@; s@ +@ @g' > "$out/sass-gemv-k$k-n$n-$name.txt"
+            echo "sass $name K=$k, $n tiles a warp: $(awk "/Function : .*escha_gemv_kernelILi${k}ELi${n}ELi1ELb0E/{f=1;next} /Function :/{f=0} f" "$src/sass-$name.txt" \
+                | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 \
+                | awk '{printf "%s %s, ", $2, $1}')"
+        done
     done
 done
 if command -v ncu > /dev/null; then

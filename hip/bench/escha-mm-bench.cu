@@ -38,6 +38,16 @@ template <typename T> static int n_x_of(const T & n) {
     }
 }
 
+// The dense one-block GEMV's tiles a warp where the plan calls an op large
+// (escha_cuda_gemv_wide), and that rule; 4 and never in older sources.
+#ifdef ESCHA_CUDA_HAS_GEMV_WIDE
+static constexpr int bench_wide_ntw = ESCHA_CUDA_GEMV_WIDE_NTW;
+static bool bench_gemv_wide(const int kt, const int nt, const int nsm) { return escha_cuda_gemv_wide(kt, nt, nsm); }
+#else
+static constexpr int bench_wide_ntw = 4;
+static bool bench_gemv_wide(int, int, int) { return false; }
+#endif
+
 struct timer {
     cudaEvent_t a, b;
     timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
@@ -192,8 +202,8 @@ static void run_op(const int IC, const int OC, const int nsm) {
     // The GEMV's tiles a warp as escha.cu's plan takes them at one row
     // (escha_cuda_gemv_wide), or ESCHA_BENCH_GEMV_NTW (4 or 8).
     const int ntw = getenv("ESCHA_BENCH_GEMV_NTW")            ? atoi(getenv("ESCHA_BENCH_GEMV_NTW"))
-                    : escha_cuda_gemv_wide(KT, NT, nsm) ? ESCHA_CUDA_GEMV_WIDE_NTW
-                                                        : 4;
+                    : bench_gemv_wide(KT, NT, nsm) ? bench_wide_ntw
+                                                   : 4;
     if (ntw != 4 && ntw != 8) {
         fprintf(stderr, "ESCHA_BENCH_GEMV_NTW: 4 or 8, not %d\n", ntw);
         exit(1);
@@ -337,9 +347,9 @@ int main() {
         } else if (!strcmp(only, "32")) {
             run_shape<2, 4, 32, true>(5120, 17408, 32, nsm);
         } else if (only[0] == '3') {
-            run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(17408, 5120, 1, nsm);
+            run_shape<3, bench_wide_ntw, 8>(17408, 5120, 1, nsm);
         } else {
-            run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
+            run_shape<2, bench_wide_ntw, 8>(5120, 17408, 1, nsm);
         }
         return 0;
     }
@@ -354,7 +364,7 @@ int main() {
         return 0;
     }
     if (getenv("ESCHA_BENCH_27B")) { // the 27B's other projections at one row (up is K=3 at gate's shape)
-        run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
+        run_shape<3, bench_wide_ntw, 8>(5120, 17408, 1, nsm);
         run_shape<2, 4, 8>(5120, 12288, 1, nsm);
         run_shape<2, 4, 8>(5120, 10240, 1, nsm);
         run_shape<2, 4, 8>(5120, 6144, 1, nsm);
@@ -362,9 +372,9 @@ int main() {
         run_shape<2, 4, 8>(5120, 1024, 1, nsm);
         return 0;
     }
-    run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 1, nsm);
-    run_shape<3, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(17408, 5120, 1, nsm);
-    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV, against the plan's 8 for these shapes
+    run_shape<2, bench_wide_ntw, 8>(5120, 17408, 1, nsm);
+    run_shape<3, bench_wide_ntw, 8>(17408, 5120, 1, nsm);
+    if (getenv("ESCHA_BENCH_NTW")) { // tile columns per warp of the GEMV, against the 8 the plan takes for these shapes up to 145 SMs
         run_shape<2, 2, 8>(5120, 17408, 1, nsm);
         run_shape<2, 4, 8>(5120, 17408, 1, nsm);
         run_shape<3, 2, 8>(17408, 5120, 1, nsm);
@@ -382,7 +392,7 @@ int main() {
         run_shape<3, 4, 32, true>(17408, 5120, 32, nsm);
         return 0;
     }
-    run_shape<2, ESCHA_CUDA_GEMV_WIDE_NTW, 8>(5120, 17408, 8, nsm);
+    run_shape<2, bench_wide_ntw, 8>(5120, 17408, 8, nsm);
     run_shape<2, 4, 16>(5120, 17408, 16, nsm);
     run_shape<2, 2, 64>(5120, 17408, 512, nsm);
     run_shape<3, 2, 64>(17408, 5120, 512, nsm);

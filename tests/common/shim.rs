@@ -560,6 +560,10 @@ impl CudaShim {
                 all.push(self.dense_case(&p, 2, SIMT, 1, 503));
                 all.push(self.dense_case(&p, 1, FUSED, 2, 504));
             }
+            // 8 tiles a warp with two blocks along the outputs (64 tiles).
+            let p = dense_problem(17 * k as u64, k, 256, 1024, true, true);
+            all.push(self.dense_case(&p, 1, GEMV_WIDE, 2, 261));
+            all.push(self.dense_case(&p, 7, GEMV_WIDE, 1, 267));
             // Fused with more tile rows than one split's staging holds (40 > 32).
             let p = dense_problem(13 * k as u64, k, 640, 256, true, true);
             all.push(self.dense_case(&p, 1, FUSED, 1, 801));
