@@ -1225,6 +1225,17 @@ static_assert(ESCHA_FUSED_AHEAD >= 2, "the ring's wait reads the row ahead");
 #define ESCHA_FUSED_RING_KS 12
 #endif
 
+// Tile rows of code the token-generation GEMV (not the fused kernel, whose
+// ring serves it) prefetches into L2 ahead of the row it decodes, 0 for
+// none. Under Nsight Compute (one H100, 5120 -> 17408 K=2, code from HBM)
+// 19% of the GEMV's warp samples wait on one instruction, the first use of
+// a row's code: ptxas issues the next row's loads at the end of an
+// iteration, as their registers are the decode's, so the row is not in
+// flight while the one before decodes; a prefetch takes no register.
+#ifndef ESCHA_GEMV_L2_AHEAD
+#define ESCHA_GEMV_L2_AHEAD 2
+#endif
+
 // 16 bytes from global to shared memory without a register stop: an
 // asynchronous copy on sm_80 and later (waited for by escha_copy_wait),
 // a plain copy elsewhere (the shim; the fused kernel runs on the mma path,
@@ -1234,6 +1245,15 @@ static __device__ __forceinline__ void escha_copy16(uint32_t * dst, const uint32
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t) __cvta_generic_to_shared(dst)), "l"(src) : "memory");
 #else
     memcpy(dst, src, 16);
+#endif
+}
+// Brings the 32-byte sector at p into L2 (no register, nothing waits for
+// it); a no-op where PTX is not the target.
+static __device__ __forceinline__ void escha_prefetch_l2(const uint32_t * p) {
+#if defined(__CUDA_ARCH__) && !defined(GGML_USE_HIP) && !defined(ESCHA_CUDA_SHIM)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    GGML_UNUSED(p);
 #endif
 }
 // Closes the lane's group of escha_copy16 copies (an empty group too).
@@ -1464,10 +1484,20 @@ static __global__ void __launch_bounds__(ESCHA_THREADS) escha_gemv_kernel(const 
             row_products(cc, Xc);
         }
     }
+    // Prefetch into L2 (ESCHA_GEMV_L2_AHEAD): lane l takes 32-byte sector l
+    // of the warp's row, as an offset from its first code pointer (q[0] is
+    // at word lb.w0 of row kt); rows past the split's end are never asked
+    // for, so none lies past the weight.
+    constexpr int PF_SECTORS = NTW * W / 8;
+    const int64_t pf_off = (int64_t) ESCHA_GEMV_L2_AHEAD * work.kt_stride + (lane % PF_SECTORS) * 8 - lb.w0;
+    const int kt_pf_end = kt_end - ESCHA_GEMV_L2_AHEAD;
     for (int kt = kt_begin; !RING && any && kt < kt_end; kt++) {
         uint32_t Xc[NB][2];
         escha_lane_words<K> cc[NTW];
         take_row(X, cw, Xc, cc);
+        if (ESCHA_GEMV_L2_AHEAD > 0 && kt < kt_pf_end) {
+            escha_prefetch_l2(q[0] + pf_off);
+        }
         // Next tile row's loads (the last iteration reloads its own row:
         // in bounds, and no branch).
         if (kt + 1 < kt_end) {
