@@ -83,5 +83,8 @@ else
     log "aarch64 target unavailable: NEON path not tested in this run"
 fi
 
+log "mutants: every group's edits still apply to HEAD (tests/mutants.py --group all --list)"
+python3 tests/mutants.py --group all --list > target/mutants-list.log 2>&1 \
+    || { grep -E "STALE|stale" target/mutants-list.log; exit 1; }
 log "mutants: every claimed bug caught (tests/mutants.py --group fast, on a copy of HEAD)"
 python3 tests/mutants.py --group fast

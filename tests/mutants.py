@@ -483,8 +483,8 @@ MUTANTS += [
 MUTANTS += [Mutant("gpu-" + m.id[len("cuda-"):], "gpu", m.file, m.edits, "device_tbo", m.claim) for m in CUDA_KERNEL]
 MUTANTS += [
     M("gpu-ic-split-short", "gpu", "hip/escha.cu",
-      "const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) ksplit, 1);",
-      "const dim3 grid((unsigned) (ops * a.n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
+      "const dim3 grid((unsigned) (ops * n_x * n_z), (unsigned) ksplit, 1);",
+      "const dim3 grid((unsigned) (ops * n_x * n_z), (unsigned) std::max(1, ksplit - 1), 1);",
       "device_tbo", "host plan: the grid one IC split short (its tile rows never summed)"),
     M("gpu-fusion-pair-width", "gpu", "hip/escha.cu",
       "multiply(a1, fu.second->k);", "multiply(a1, K);",
@@ -658,12 +658,18 @@ def main():
         sel = [m for m in MUTANTS if args.group in ("all", m.group)]
 
     if args.list:
+        # Exit 1 when a mutant no longer applies: a GPU mutant runs only on
+        # a GPU machine, so CI lists every group to find the stale ones.
+        stale = 0
         for m in sel:
             _, err = apply_edits(head_file(m.file), m)
+            stale += err is not None
             log("%-24s %-5s %-16s %-30s %s%s%s" % (m.id, m.group, m.check, m.file, m.claim,
                                                    " [needs %s]" % m.needs if m.needs else "",
                                                    "  STALE: " + err if err else ""))
-        return 0
+        if stale:
+            log("%d stale mutant(s): update their edits to the code they mutate" % stale)
+        return 1 if stale else 0
     if args.emit_patches:
         return emit_patches(sel, args.emit_patches)
     device = [m for m in sel if m.check in DEVICE_CHECKS]
